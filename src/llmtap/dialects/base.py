@@ -1,0 +1,180 @@
+"""The one protocol every API dialect implements, the shapes it returns, and the registry.
+
+A dialect knows one provider API's JSON: which paths it owns, how to reassemble its event stream
+into the object the non-streaming API would have returned (incrementally, and from a partial
+stream), and how to normalize a response into `Normalized`. Nothing outside `dialects/` reads a
+provider's JSON shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Mapping, Protocol
+
+import orjson
+
+from .sse import SSEEvent
+
+__all__ = [
+    "FINISH_REASONS",
+    "Dialect",
+    "Normalized",
+    "StreamAssembler",
+    "TerminalKind",
+    "ToolCall",
+    "Usage",
+    "as_count",
+    "as_str",
+    "parse_arguments",
+    "parse_event_data",
+]
+
+# The normalized finish reasons every dialect maps its provider value onto.
+FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "error", "other")
+
+# How a stream ended: a clean end, an end the provider itself calls incomplete, or an error.
+TerminalKind = Literal["completed", "incomplete", "error"]
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token counts; None means the provider did not report it, never zero.
+
+    `tokens_in` includes cached input tokens (read and written), as OpenTelemetry's
+    `gen_ai.usage.input_tokens` defines; `tokens_out` includes reasoning tokens.
+    """
+
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    tokens_reasoning: int | None = None
+    tokens_total: int | None = None
+    cached_tokens: int | None = None
+    cache_creation_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """One tool call the model asked for.
+
+    `arguments` is always a dict: parsed JSON, or `{"_raw": text}` when the text is not a JSON
+    object (a custom tool's free-form input, or a stream cut mid-arguments). `choice_index` keeps
+    chat choices apart when `n > 1`.
+    """
+
+    call_id: str | None
+    name: str | None
+    arguments: dict[str, Any]
+    type: str = "function"
+    choice_index: int | None = None
+    item_id: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the JSON shape stored on records."""
+        result: dict[str, Any] = {"call_id": self.call_id, "name": self.name, "arguments": self.arguments}
+        if self.type != "function":
+            result["type"] = self.type
+        if self.choice_index is not None:
+            result["choice_index"] = self.choice_index
+        if self.item_id is not None:
+            result["item_id"] = self.item_id
+        return result
+
+
+@dataclass(slots=True)
+class Normalized:
+    """What a dialect reads out of one response object, in provider-neutral terms."""
+
+    response_id: str | None = None
+    model: str | None = None
+    response_status: str | None = None
+    finish_reason: str | None = None
+    finish_reason_normalized: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    reasoning_content: str | None = None
+    reasoning_redacted_blocks: int = 0
+    refusal: str | None = None
+    output_text: str | None = None
+    # Ids the provider gave to what it served (message and item ids, tool call ids): terminal
+    # attribution matches a rollout's final answer against them.
+    served_item_ids: list[str] = field(default_factory=list)
+    # Per-choice detail for chat `n > 1`: finish reasons in choice order.
+    choice_finish_reasons: list[str | None] = field(default_factory=list)
+    # Token ids when the upstream returned them (for example vLLM's `return_token_ids`).
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    # The provider's error object, for error bodies and failed streams.
+    error: dict[str, Any] | None = None
+
+
+class StreamAssembler(Protocol):
+    """Rebuilds one dialect's stream into the response the non-streaming API would return.
+
+    Fed events one at a time as they arrive; `result()` may be called at any moment, including
+    after a stream that was cut short, and returns the best reconstruction so far (or None when
+    nothing was learned). Never raises on malformed events: it skips them and counts them.
+    """
+
+    terminal: TerminalKind | None
+    malformed_events: int
+
+    def feed(self, event: SSEEvent) -> None: ...
+
+    def result(self) -> dict[str, Any] | None: ...
+
+
+class Dialect(Protocol):
+    """One provider API: the paths it owns, its stream assembler and its normalizer."""
+
+    name: ClassVar[str]
+    paths: ClassVar[frozenset[str]]
+    path_suffixes: ClassVar[tuple[str, ...]]
+    # Request keys that limit output length, in the order sampling should set them.
+    max_tokens_keys: ClassVar[tuple[str, ...]]
+
+    def stream_assembler(self) -> StreamAssembler: ...
+
+    def normalize(self, response: Mapping[str, Any]) -> Normalized: ...
+
+
+def as_count(value: Any) -> int | None:
+    """Return value when it is a real token count (a non-negative int, not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def as_str(value: Any) -> str | None:
+    """Return value when it is a non-empty string, else None."""
+    return value if isinstance(value, str) and value else None
+
+
+def parse_arguments(value: Any) -> dict[str, Any]:
+    """Turn tool-call arguments into a dict: a dict as is, a JSON object string parsed, else `_raw`."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        if not value.strip():
+            return {}
+        try:
+            parsed = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return {"_raw": value}
+        return parsed if isinstance(parsed, dict) else {"_raw": value}
+    if value is None:
+        return {}
+    return {"_raw": value}
+
+
+_NOT_JSON = object()
+
+
+def parse_event_data(event: SSEEvent) -> Any:
+    """Parse an event's data as JSON, returning the module constant `NOT_JSON` when it is not."""
+    try:
+        return orjson.loads(event.data)
+    except orjson.JSONDecodeError:
+        return _NOT_JSON
+
+
+NOT_JSON = _NOT_JSON

@@ -1,0 +1,129 @@
+"""Incremental server-sent events decoding, fed arbitrary byte chunks.
+
+Follows the WHATWG event-stream rules (LF, CRLF and CR line ends, comments, multi-line `data:`,
+`event:`/`id:`/`retry:` fields, one optional space after the colon), with one deliberate
+difference: an event still open when the stream ends is delivered by `close()`, because a
+model server that drops the final blank line has still sent a whole event.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["SSEDecoder", "SSEEvent", "decode_sse"]
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    """One dispatched event: its type (None when the stream named none), data, id and retry."""
+
+    event: str | None
+    data: str
+    id: str | None = None
+    retry: int | None = None
+
+
+class SSEDecoder:
+    """Turns chunks of an event stream into events, however the bytes are split.
+
+    Usage::
+
+        decoder = SSEDecoder()
+        for chunk in chunks:
+            for event in decoder.feed(chunk):
+                ...
+        for event in decoder.close():
+            ...
+    """
+
+    __slots__ = ("_buffer", "_pending_cr", "_event", "_data", "_id", "_retry", "_has_fields", "_closed")
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._pending_cr = False
+        self._event: str | None = None
+        self._data: list[str] = []
+        self._id: str | None = None
+        self._retry: int | None = None
+        self._has_fields = False
+        self._closed = False
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Decode one chunk and return the events it completed."""
+        if self._closed or not chunk:
+            return []
+        if self._pending_cr:
+            self._pending_cr = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        data = self._buffer + chunk if self._buffer else chunk
+        events: list[SSEEvent] = []
+        start = 0
+        for match in _LINE_END.finditer(data):
+            self._process_line(data[start : match.start()], events)
+            start = match.end()
+        self._buffer = data[start:]
+        if data.endswith(b"\r"):
+            # A CR ends a line, but a LF in the next chunk may complete the same CRLF.
+            self._pending_cr = True
+        return events
+
+    def close(self) -> list[SSEEvent]:
+        """End the stream and return any event left open (a last line, or a missing blank line)."""
+        if self._closed:
+            return []
+        events: list[SSEEvent] = []
+        if self._buffer:
+            self._process_line(self._buffer, events)
+            self._buffer = b""
+        self._dispatch(events)
+        self._closed = True
+        return events
+
+    @property
+    def has_pending(self) -> bool:
+        """True when bytes or fields of an undispatched event are waiting."""
+        return bool(self._buffer) or self._has_fields
+
+    def _process_line(self, raw: bytes, events: list[SSEEvent]) -> None:
+        if not raw:
+            self._dispatch(events)
+            return
+        line = raw.decode("utf-8", errors="replace")
+        if line.startswith(":"):
+            return
+        name, colon, value = line.partition(":")
+        if colon and value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+            self._has_fields = True
+        elif name == "event":
+            self._event = value
+            self._has_fields = True
+        elif name == "id":
+            if "\x00" not in value:
+                self._id = value
+                self._has_fields = True
+        elif name == "retry":
+            if value.isascii() and value.isdigit():
+                self._retry = int(value)
+                self._has_fields = True
+
+    def _dispatch(self, events: list[SSEEvent]) -> None:
+        if self._has_fields and (self._data or self._event is not None):
+            events.append(SSEEvent(self._event, "\n".join(self._data), self._id, self._retry))
+        self._event = None
+        self._data = []
+        self._retry = None
+        self._has_fields = False
+        # The last event id persists across events, as in the WHATWG model.
+
+
+def decode_sse(body: bytes) -> list[SSEEvent]:
+    """Decode a whole event stream at once."""
+    decoder = SSEDecoder()
+    return decoder.feed(body) + decoder.close()

@@ -1,0 +1,60 @@
+"""Every error llmtap raises to its callers, under one base.
+
+    LlmtapError
+    ├── ConfigError            a configuration value is missing or invalid
+    ├── InvalidRolloutIdError  a rollout id fails the one id pattern (also a ValueError)
+    └── StoreError             the capture store could not be read or written
+        └── CaptureRecordError a persisted line is damaged (also a ValueError); keeps path and line number
+
+Capture code never raises into the workload: it categorises, counts and logs once instead.
+These errors are for readers, commands and configuration, where the caller must hear about it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = [
+    "CaptureRecordError",
+    "ConfigError",
+    "InvalidRolloutIdError",
+    "LlmtapError",
+    "StoreError",
+]
+
+
+class LlmtapError(Exception):
+    """Base of every error llmtap raises on purpose."""
+
+
+class ConfigError(LlmtapError):
+    """Raised when a configuration value is missing or invalid."""
+
+
+class InvalidRolloutIdError(LlmtapError, ValueError):
+    """Raised when a rollout id does not match the one rollout id pattern."""
+
+    def __init__(self, rollout_id: object, reason: str = "") -> None:
+        self.rollout_id = rollout_id
+        detail = f" ({reason})" if reason else ""
+        super().__init__(
+            f"Rollout id {rollout_id!r} is not valid{detail}: use ASCII letters, digits, '.', '_' "
+            "and '-', starting with a letter or digit."
+        )
+
+
+class StoreError(LlmtapError):
+    """Raised when the capture store cannot be read or written."""
+
+
+class CaptureRecordError(StoreError, ValueError):
+    """Raised by strict readers when a persisted line is damaged."""
+
+    def __init__(self, path: Path, line_number: int, reason: str) -> None:
+        self.path = path
+        self.line_number = line_number
+        self.reason = reason
+        super().__init__(
+            f"Line {line_number} of '{path}' is not a valid capture record: {reason}. "
+            "Read it with strict=False to skip damaged lines."
+        )

@@ -1,0 +1,127 @@
+"""The Exchange: what every capture point hands to the core, and nothing more.
+
+A capture point (ASGI middleware, proxy, in-process hook) fills one Exchange per model call with
+bytes and timings as they pass. It never parses a dialect: that is the job of `dialects/`, which
+turns a finished Exchange into a record (see `records.raw_line_from_exchange`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+__all__ = ["Exchange", "SECRET_HEADERS", "safe_headers"]
+
+# Header names whose values are credentials. They are dropped at the Exchange, so no later stage
+# can persist them by mistake (principle 6).
+SECRET_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "x-api-key",
+        "api-key",
+        "cookie",
+        "set-cookie",
+        "openai-organization",
+        "openai-project",
+        "x-goog-api-key",
+        "anthropic-admin-api-key",
+    }
+)
+
+
+def safe_headers(headers: Mapping[str, str] | list[tuple[bytes, bytes]] | None) -> dict[str, str]:
+    """Return headers with lower-cased names and every credential header removed."""
+    result: dict[str, str] = {}
+    if not headers:
+        return result
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    for raw_name, raw_value in items:
+        name = raw_name.decode("latin-1") if isinstance(raw_name, bytes) else str(raw_name)
+        name = name.lower()
+        if name in SECRET_HEADERS or "token" in name or name.endswith("-key"):
+            continue
+        value = raw_value.decode("latin-1") if isinstance(raw_value, bytes) else str(raw_value)
+        result[name] = value
+    return result
+
+
+@dataclass
+class Exchange:
+    """One model call's bytes, timings and correlation, as a capture point saw them.
+
+    Times: `started_at` is wall-clock UTC seconds (for the record); the `*_mono` fields are
+    `time.perf_counter()` readings used only for durations, so a clock step never yields a
+    negative latency. `response_chunks` keeps each body chunk with its arrival offset in seconds
+    from the start, so streams can be reassembled and inter-chunk timing studied later.
+    """
+
+    method: str
+    path: str
+    request_headers: dict[str, str] = field(default_factory=dict)
+    request_body: bytes = b""
+    status_code: int | None = None
+    response_headers: dict[str, str] = field(default_factory=dict)
+    response_chunks: list[tuple[float, bytes]] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+    started_mono: float = field(default_factory=time.perf_counter)
+    first_byte_mono: float | None = None
+    completed_mono: float | None = None
+    completed_at: float | None = None
+    exception: BaseException | None = None
+    cancelled: bool = False
+    # True when the status was made up by the capture point (a proxy's 502 for an unreachable
+    # upstream), not sent by the model server.
+    status_synthesized: bool = False
+    rollout_id: str | None = None
+    model_ref: dict[str, Any] | None = None
+    provider: str | None = None
+    sampling: dict[str, Any] | None = None
+    model_call_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def add_request_bytes(self, data: bytes) -> None:
+        """Append bytes of the request body as they are received."""
+        if data:
+            self.request_body += data
+
+    def add_response_chunk(self, data: bytes) -> None:
+        """Record one chunk of the response body, with its arrival time."""
+        if not data:
+            return
+        now = time.perf_counter()
+        if self.first_byte_mono is None:
+            self.first_byte_mono = now
+        self.response_chunks.append((now - self.started_mono, data))
+
+    def finish(self) -> None:
+        """Mark the call as ended now (idempotent: the first end wins)."""
+        if self.completed_mono is None:
+            self.completed_mono = time.perf_counter()
+            self.completed_at = self.started_at + (self.completed_mono - self.started_mono)
+
+    @property
+    def response_body(self) -> bytes:
+        """The whole response body received so far."""
+        return b"".join(chunk for _, chunk in self.response_chunks)
+
+    @property
+    def is_stream(self) -> bool:
+        """True when the response is a server-sent event stream."""
+        content_type = self.response_headers.get("content-type", "")
+        return content_type.lower().startswith("text/event-stream")
+
+    @property
+    def latency_ms(self) -> float | None:
+        """Duration from start to end of the call, in milliseconds."""
+        if self.completed_mono is None:
+            return None
+        return round((self.completed_mono - self.started_mono) * 1000.0, 3)
+
+    @property
+    def ttft_ms(self) -> float | None:
+        """Time to the first non-empty response chunk, in milliseconds."""
+        if self.first_byte_mono is None:
+            return None
+        return round((self.first_byte_mono - self.started_mono) * 1000.0, 3)
