@@ -1,0 +1,85 @@
+"""Reading a rollout's captured calls back as `ModelCallRecord`s, and summing them.
+
+Consumers read through these functions, never by parsing capture files themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from .errors import CaptureRecordError
+from .records import ModelCallRecord, aggregate_metrics
+from .store import CaptureStore
+
+__all__ = ["RolloutCalls", "aggregate_model_call_metrics", "read_model_call_records", "read_rollout_calls"]
+
+
+@dataclass(frozen=True)
+class RolloutCalls:
+    """A rollout's readable calls, and what could not be read: the input of attachments and gaps."""
+
+    rollout_id: str
+    exists: bool
+    records: list[ModelCallRecord]
+    unreadable_lines: list[int]
+    incomplete: bool
+    late_writes: int
+    torn_tail: bool
+
+
+def read_rollout_calls(store: CaptureStore, rollout_id: str, *, strict: bool = False) -> RolloutCalls:
+    """Read every call of a rollout, keeping each line's `call_index` stable around damaged lines.
+
+    With `strict=True` the first damaged line raises `CaptureRecordError`; otherwise damaged
+    lines (bad JSON, not an object, not a capture record) are skipped and listed.
+    """
+    result = store.read(rollout_id, strict=strict)
+    records: list[ModelCallRecord] = []
+    unreadable = list(result.invalid_lines)
+    for call_index, line in result.entries:
+        try:
+            records.append(ModelCallRecord.from_raw_line(line, call_index))
+        except ValueError as exc:
+            if strict:
+                raise CaptureRecordError(store.path_for(rollout_id), call_index + 1, str(exc)) from exc
+            unreadable.append(call_index)
+    return RolloutCalls(
+        rollout_id=result.rollout_id,
+        exists=result.exists,
+        records=records,
+        unreadable_lines=sorted(unreadable),
+        incomplete=result.incomplete,
+        late_writes=result.late_writes,
+        torn_tail=result.torn_tail,
+    )
+
+
+def read_model_call_records(store: CaptureStore, rollout_id: str, *, strict: bool = True) -> list[ModelCallRecord]:
+    """Return a rollout's calls as `ModelCallRecord`s, in file order.
+
+    Strict by default, like the spec's reader: a damaged line raises `CaptureRecordError` naming
+    the file and line. Pass `strict=False` to skip damaged lines (their `call_index` stays used).
+
+    Usage::
+
+        store = CaptureStore("/abs/model-calls")
+        for call in read_model_call_records(store, "0-0"):
+            print(call.call_index, call.model, call.tokens_out)
+    """
+    return read_rollout_calls(store, rollout_id, strict=strict).records
+
+
+def aggregate_model_call_metrics(
+    source: CaptureStore | Iterable[ModelCallRecord], rollout_id: str | None = None
+) -> dict[str, Any]:
+    """Sum a rollout's calls into metrics; null means unknown, never zero.
+
+    Accepts a store and rollout id (read tolerantly: one damaged line never hides the others'
+    totals) or records already read.
+    """
+    if isinstance(source, CaptureStore):
+        if rollout_id is None:
+            raise TypeError("aggregate_model_call_metrics(store, rollout_id) needs the rollout id.")
+        return aggregate_metrics(read_rollout_calls(source, rollout_id).records)
+    return aggregate_metrics(source)
