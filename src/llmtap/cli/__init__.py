@@ -1,0 +1,21 @@
+"""The `llmtap` command: noun groups with verb commands, each a thin layer over the library."""
+
+from __future__ import annotations
+
+import click
+
+from .. import __version__
+from .records import records
+from .serve import serve
+
+__all__ = ["main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="llmtap")
+def main() -> None:
+    """Record every model call an agent or RL rollout makes, as evidence you can trust."""
+
+
+main.add_command(records)
+main.add_command(serve)

@@ -1,0 +1,150 @@
+"""`llmtap records`: look at what a capture directory holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import LlmtapError
+from ..readers import aggregate_model_call_metrics, read_rollout_calls
+from ..records import ModelCallRecord
+from ..store import CaptureStore
+
+__all__ = ["records"]
+
+capture_dir_argument = click.argument(
+    "capture_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="DIR"
+)
+
+
+def _open_store(capture_dir: Path) -> CaptureStore:
+    return CaptureStore(capture_dir, create=False)
+
+
+@click.group()
+def records() -> None:
+    """Inspect captured model calls in a capture directory."""
+
+
+@records.command("list")
+@capture_dir_argument
+def list_rollouts(capture_dir: Path) -> None:
+    """List the rollouts in a capture directory with their call counts."""
+    store = _open_store(capture_dir)
+    table = Table("rollout", "calls", "errors", "unreadable", "tokens in", "tokens out", "flags")
+    for rollout_id in store.rollouts():
+        calls = _read(store, rollout_id)
+        metrics = aggregate_model_call_metrics(calls.records)
+        flags = []
+        if calls.incomplete:
+            flags.append("incomplete")
+        if calls.late_writes:
+            flags.append(f"late={calls.late_writes}")
+        table.add_row(
+            rollout_id,
+            str(metrics["num_calls"]),
+            str(metrics["num_errors"]),
+            str(len(calls.unreadable_lines)),
+            _fmt(metrics["tokens_in"]),
+            _fmt(metrics["tokens_out"]),
+            ",".join(flags),
+        )
+    Console().print(table)
+
+
+@records.command("path")
+@capture_dir_argument
+@click.argument("rollout_id")
+def path(capture_dir: Path, rollout_id: str) -> None:
+    """Print the capture file of a rollout."""
+    store = _open_store(capture_dir)
+    try:
+        click.echo(str(store.path_for(rollout_id)))
+    except LlmtapError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@records.command("show")
+@capture_dir_argument
+@click.argument("rollout_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the normalized records as JSON lines.")
+@click.option("--payloads/--no-payloads", default=False, help="With --json, include request and response payloads.")
+def show(capture_dir: Path, rollout_id: str, as_json: bool, payloads: bool) -> None:
+    """Show a rollout's captured calls as a table, with totals."""
+    store = _open_store(capture_dir)
+    calls = _read(store, rollout_id)
+    if not calls.exists and not calls.incomplete:
+        raise click.ClickException(
+            f"No capture for rollout {rollout_id!r} in '{capture_dir}'; `llmtap records list {capture_dir}` shows what is there."
+        )
+    if as_json:
+        for record in calls.records:
+            click.echo(orjson.dumps(record.to_dict(include_payloads=payloads)).decode())
+        return
+    console = Console()
+    console.print(_calls_table(rollout_id, calls.records))
+    console.print(_metrics_line(aggregate_model_call_metrics(calls.records)))
+    if calls.unreadable_lines:
+        console.print(f"[yellow]{len(calls.unreadable_lines)} damaged line(s) skipped at call_index {calls.unreadable_lines}[/]")
+    if calls.incomplete:
+        console.print("[yellow]A capture write failed for this rollout (.capture.incomplete marker present).[/]")
+    if calls.late_writes:
+        console.print(f"[yellow]{calls.late_writes} late write(s) from a cleared attempt were set aside.[/]")
+
+
+def _read(store: CaptureStore, rollout_id: str) -> Any:
+    try:
+        return read_rollout_calls(store, rollout_id)
+    except LlmtapError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _calls_table(rollout_id: str, calls: list[ModelCallRecord]) -> Table:
+    table = Table(title=f"rollout {rollout_id}", title_justify="left")
+    for column in ("#", "dialect", "model", "status", "error", "finish", "in", "out", "reas", "cached", "ms", "ttft", "tools", "response id"):
+        table.add_column(column, justify="right" if column in ("#", "in", "out", "reas", "cached", "ms", "ttft") else "left")
+    for call in calls:
+        tools = ", ".join(str(tool.get("name")) for tool in call.tool_calls)
+        error = call.error_category or ""
+        if call.stream_truncated and error != "stream_truncated":
+            error = f"{error} (truncated)".strip()
+        table.add_row(
+            str(call.call_index),
+            call.dialect or "-",
+            call.model or "-",
+            _fmt(call.status_code),
+            error,
+            call.finish_reason_normalized or "-",
+            _fmt(call.tokens_in),
+            _fmt(call.tokens_out),
+            _fmt(call.tokens_reasoning),
+            _fmt(call.cached_tokens),
+            _fmt(call.latency_total_ms),
+            _fmt(call.latency_ttft_ms),
+            tools,
+            call.response_id or "-",
+        )
+    return table
+
+
+def _metrics_line(metrics: dict[str, Any]) -> str:
+    return (
+        f"calls {metrics['num_calls']}  errors {metrics['num_errors']}  "
+        f"tokens in {_fmt(metrics['tokens_in'])} out {_fmt(metrics['tokens_out'])} "
+        f"reasoning {_fmt(metrics['tokens_reasoning'])} cached {_fmt(metrics['cached_tokens'])}  "
+        f"latency sum {_fmt(metrics['latency_total_ms'])} ms, wall {_fmt(metrics['wall_clock_ms'])} ms, "
+        f"ttft p50 {_fmt(metrics['latency_ttft_ms_p50'])} ms"
+    )

@@ -1,0 +1,1 @@
+"""Capture at a model server: the ASGI middleware and the `llmtap serve` proxy."""

@@ -1,0 +1,170 @@
+"""Configuration of `llmtap serve`: YAML plus `++key=value` overrides, validated once at start.
+
+The spec's top-level keys `observability_enabled` and `model_call_capture_dir` keep their meaning:
+when capture is enabled the directory is required and must be absolute, so every producer and the
+collector resolve the same place. Upstream API keys are named by environment variable and read
+at start; their values are sent upstream and never logged, stored or echoed in errors.
+
+Example::
+
+    observability_enabled: true
+    model_call_capture_dir: /abs/model-calls
+    upstreams:
+      policy:
+        base_url: http://127.0.0.1:8000
+        api_key_env: OPENAI_API_KEY
+        model_ref: {type: responses_api_models, name: policy_model}
+    sampling_overrides: {temperature: 0.7}
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..errors import ConfigError
+
+__all__ = ["ServeConfig", "UpstreamConfig", "apply_overrides", "load_serve_config"]
+
+
+class UpstreamConfig(BaseModel):
+    """One upstream model server the proxy forwards to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str
+    api_key_env: str | None = None
+    # How the key is sent: OpenAI-style bearer token, or Anthropic's x-api-key header.
+    auth: Literal["bearer", "x-api-key"] = "bearer"
+    model_ref: dict[str, Any] | None = None
+    provider: str | None = None
+    dialects: list[Literal["responses", "chat", "messages"]] | None = None
+    models: list[str] | None = None
+    timeout_s: float = Field(default=600.0, gt=0)
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    max_connections: int = Field(default=512, gt=0)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"base_url {value!r} must start with http:// or https://")
+        return value.rstrip("/")
+
+    def api_key(self) -> str | None:
+        """Return the key from its environment variable, or None when none is configured."""
+        if self.api_key_env is None:
+            return None
+        value = os.environ.get(self.api_key_env)
+        if not value:
+            raise ConfigError(
+                f"Upstream API key variable {self.api_key_env!r} is not set; export it or remove api_key_env."
+            )
+        return value
+
+
+class ServeConfig(BaseModel):
+    """The whole `llmtap serve` configuration."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    observability_enabled: bool = False
+    model_call_capture_dir: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8787, ge=0, le=65535)
+    upstreams: dict[str, UpstreamConfig] = Field(default_factory=dict)
+    default_upstream: str | None = None
+    sampling_overrides: dict[str, Any] | None = None
+    log_level: str = "warning"
+
+    @model_validator(mode="after")
+    def _check(self) -> ServeConfig:
+        if self.observability_enabled:
+            if not self.model_call_capture_dir:
+                raise ValueError("model_call_capture_dir is required when observability_enabled is true")
+            if not Path(self.model_call_capture_dir).is_absolute():
+                raise ValueError(
+                    f"model_call_capture_dir {self.model_call_capture_dir!r} must be an absolute path"
+                )
+        if not self.upstreams:
+            raise ValueError("at least one upstream is required (upstreams: {name: {base_url: ...}})")
+        if self.default_upstream is not None and self.default_upstream not in self.upstreams:
+            raise ValueError(
+                f"default_upstream {self.default_upstream!r} is not one of the upstreams {sorted(self.upstreams)}"
+            )
+        return self
+
+    @property
+    def default_upstream_name(self) -> str:
+        """The upstream used when no upstream's dialects or models select another."""
+        return self.default_upstream or next(iter(self.upstreams))
+
+
+def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply `++dotted.key=value` overrides (values parsed as YAML) to a config dict, returning a new dict."""
+    result: dict[str, Any] = _deep_copy(config)
+    for override in overrides:
+        if not override.startswith("++") or "=" not in override:
+            raise ConfigError(f"Override {override!r} is not of the form ++key=value.")
+        key, _, raw_value = override[2:].partition("=")
+        if not key:
+            raise ConfigError(f"Override {override!r} names no key.")
+        try:
+            value = yaml.safe_load(raw_value) if raw_value else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"Override {override!r} has a value that is not valid YAML.") from exc
+        node = result
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        node[parts[-1]] = value
+    return result
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _deep_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(item) for item in value]
+    return value
+
+
+def load_serve_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Sequence[str] = (),
+    settings: Mapping[str, Any] | None = None,
+) -> ServeConfig:
+    """Read a YAML config (optional), then apply `settings` (from flags) and `++` overrides, and validate.
+
+    Raises `ConfigError` with one readable sentence for a missing file, bad YAML or bad values.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"Cannot read config file '{path}': {exc.strerror}.") from exc
+        try:
+            loaded = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"Config file '{path}' is not valid YAML: {exc}.") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"Config file '{path}' must hold a mapping at the top level.")
+        data.update(loaded)
+    data.update(settings or {})
+    data = apply_overrides(data, overrides)
+    try:
+        return ServeConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'config'}: {error['msg']}" for error in exc.errors()
+        )
+        raise ConfigError(f"Invalid llmtap serve configuration: {problems}.") from None

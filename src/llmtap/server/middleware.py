@@ -1,0 +1,378 @@
+"""Capture middleware: a pure ASGI tee around any model server app.
+
+Requests under `/ng-rollout/<rollout_id>[/ng-sampling/<segment>]` have that prefix stripped from
+`path` and `raw_path` (always, capture on or off); those for a dialect path are captured. Bytes go
+to the client as they arrive, except what must wait for durability: the final message, and for a
+stream the chunk holding its terminal event and anything after it (an SDK returns as soon as it
+sees the terminal event). Those are released once the call's record is fsynced, so when an agent's
+call returns, its record is on disk (principle 2).
+
+Usage::
+
+    from llmtap import CaptureStore
+    from llmtap.server.middleware import CaptureMiddleware
+
+    app = CaptureMiddleware(model_server_app, store=CaptureStore("/abs/model-calls"),
+                            model_ref={"type": "responses_api_models", "name": "policy_model"})
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any, Mapping
+
+import orjson
+
+from ..correlation import ROLLOUT_PREFIX, split_rollout_prefix
+from ..dialects import Dialect, dialect_for_path
+from ..errors import InvalidRolloutIdError
+from ..exchange import Exchange, safe_headers
+from ..health import HEALTH, CaptureHealth
+from ..records import StreamTracker, raw_line_from_exchange
+from ..sampling import (
+    MODEL_SAMPLING_HEADER,
+    MODEL_SAMPLING_PREFIX,
+    ModelCallSampling,
+    apply_model_sampling,
+    decode_model_sampling,
+    resolve_sampling_segment,
+    split_sampling_segment,
+)
+from ..store import CaptureStore
+from .asgi import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["EXCHANGE_SCOPE_KEY", "CaptureMiddleware"]
+
+# The scope key under which the wrapped app finds the Exchange of a captured call, so a proxy can
+# say why it answered for an upstream it could not reach, or which upstream served the call.
+EXCHANGE_SCOPE_KEY = "llmtap.exchange"
+
+
+class CaptureMiddleware:
+    """Captures every prefixed dialect call of the wrapped ASGI app into a `CaptureStore`.
+
+    Options are settled here, once; each call gets its own `_CapturedCall`. With `store=None`
+    capture is off, but prefixes are still stripped and sampling still applied.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        store: CaptureStore | None,
+        model_ref: Mapping[str, Any] | None = None,
+        sampling_overrides: Mapping[str, Any] | None = None,
+        provider: str | None = None,
+        health: CaptureHealth | None = None,
+    ) -> None:
+        self.app = app
+        self.store = store
+        self.model_ref = dict(model_ref) if model_ref is not None else None
+        self.sampling_overrides = dict(sampling_overrides) if sampling_overrides else None
+        self.provider = provider
+        self.health = health or HEALTH
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(ROLLOUT_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        try:
+            rollout_id, rest = split_rollout_prefix(scope["path"])
+        except InvalidRolloutIdError as exc:
+            self.health.count("rejected_rollout_ids")
+            await _send_json_error(send, 400, str(exc), "invalid_rollout_id")
+            return
+        try:
+            segment, rest = split_sampling_segment(rest)
+            segment_error = None
+        except ValueError as exc:
+            segment, segment_error = None, str(exc)
+            rest = "/" + rest[len(MODEL_SAMPLING_PREFIX) :].partition("/")[2]
+        inner_scope = _strip_prefix(scope, rest)
+        dialect = dialect_for_path(rest)
+        if dialect is None:
+            await self.app(inner_scope, receive, send)
+            return
+        header_segment = _header(scope, MODEL_SAMPLING_HEADER)
+        call = _CapturedCall(self, inner_scope, rollout_id, dialect)
+        call.scope[EXCHANGE_SCOPE_KEY] = call.exchange
+        await call.run(receive, send, segment, header_segment, segment_error)
+
+
+class _CapturedCall:
+    """The state of one captured call: its Exchange, stream tracker and held-back messages."""
+
+    def __init__(self, owner: CaptureMiddleware, scope: Scope, rollout_id: str | None, dialect: Dialect) -> None:
+        self.owner = owner
+        self.scope = scope
+        self.dialect = dialect
+        self.capturing = owner.store is not None and rollout_id is not None
+        self.exchange = Exchange(
+            method=scope.get("method", "POST"),
+            path=scope["path"],
+            request_headers=safe_headers(scope.get("headers")),
+            rollout_id=rollout_id,
+            model_ref=owner.model_ref,
+            provider=owner.provider,
+            model_call_id=uuid.uuid4().hex,
+        )
+        self.tracker: StreamTracker | None = None
+        self.held: list[Message] = []
+        self.response_started = False
+        self.finished = False
+        self.client_gone = False
+
+    async def run(
+        self,
+        receive: Receive,
+        send: Send,
+        segment: str | None,
+        header_segment: str | None,
+        segment_error: str | None,
+    ) -> None:
+        try:
+            if segment_error is not None:
+                await _read_body(receive, self)
+                raise _RejectedRequest(segment_error)
+            body_receive = await self._prepare_request(receive, segment, header_segment)
+        except _RejectedRequest as rejected:
+            await self._reject(send, rejected)
+            return
+        try:
+            await self.owner.app(self.scope, body_receive, self._wrap_send(send))
+        except BaseException as exc:
+            await self._fail(send, exc)
+            raise
+        if not self.finished:
+            # The app returned without a final message (client gone, or a broken app).
+            self.exchange.cancelled = self.client_gone
+            await self._commit()
+            await self._release(send)
+
+    async def _prepare_request(
+        self, receive: Receive, segment: str | None, header_segment: str | None
+    ) -> Receive:
+        """Tee the request body; when sampling applies, read it whole and rewrite it first."""
+        overrides = self.owner.sampling_overrides
+        if segment is None and header_segment is None and not overrides:
+            return self._wrap_receive(receive)
+        body = await _read_body(receive, self)
+        sampling = _decode_sampling(segment, header_segment)
+        if sampling is not _NO_SAMPLING or overrides:
+            body = self._rewrite_body(body, sampling if isinstance(sampling, ModelCallSampling) else None, overrides)
+        return _replay_receive(body, receive, self)
+
+    def _rewrite_body(
+        self, body: bytes, sampling: ModelCallSampling | None, overrides: Mapping[str, Any] | None
+    ) -> bytes:
+        try:
+            request = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return body  # not JSON: the model server answers it as it would have
+        if not isinstance(request, dict):
+            return body
+        rewritten = apply_model_sampling(request, self.dialect.name, sampling, overrides)
+        if sampling is not None:
+            self.exchange.sampling = sampling.model_dump(exclude_none=True)
+        new_body = orjson.dumps(rewritten)
+        self.scope = _with_content_length(self.scope, len(new_body))
+        self.exchange.request_body = new_body
+        return new_body
+
+    def _wrap_receive(self, receive: Receive) -> Receive:
+        async def tee_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                self.exchange.add_request_bytes(message.get("body", b""))
+            elif message["type"] == "http.disconnect":
+                self.client_gone = True
+            return message
+
+        return tee_receive
+
+    def _wrap_send(self, send: Send) -> Send:
+        async def tee_send(message: Message) -> None:
+            kind = message["type"]
+            if kind == "http.response.start":
+                self._on_start(message)
+                await self._send(send, message)
+                return
+            if kind != "http.response.body" or self.finished:
+                await self._send(send, message)
+                return
+            body = message.get("body", b"")
+            self.exchange.add_response_chunk(body)
+            if message.get("more_body", False):
+                if self.held or self._is_terminal(body):
+                    self.held.append(message)
+                    return
+                await self._send(send, message)
+                return
+            self.finished = True
+            self.held.append(message)
+            await self._commit()
+            await self._release(send)
+
+        return tee_send
+
+    def _on_start(self, message: Message) -> None:
+        self.response_started = True
+        self.exchange.status_code = message["status"]
+        self.exchange.response_headers = safe_headers(message.get("headers"))
+        if self.exchange.is_stream and not self.exchange.response_headers.get("content-encoding"):
+            self.tracker = StreamTracker(self.dialect)
+
+    def _is_terminal(self, body: bytes) -> bool:
+        return self.tracker is not None and self.tracker.feed(body)
+
+    async def _send(self, send: Send, message: Message) -> None:
+        try:
+            await send(message)
+        except OSError:
+            # The client went away (uvicorn's ClientDisconnected is an OSError).
+            self.client_gone = True
+            raise
+
+    async def _release(self, send: Send) -> None:
+        held, self.held = self.held, []
+        for message in held:
+            await self._send(send, message)
+
+    async def _fail(self, send: Send, exc: BaseException) -> None:
+        """Record a call that ended in an exception, then let the held bytes go."""
+        if self.finished:
+            return
+        self.finished = True
+        if isinstance(exc, asyncio.CancelledError) or self.client_gone:
+            self.exchange.cancelled = True
+        else:
+            self.exchange.exception = exc
+        # Shielded: a cancelled call must still leave its record (nothing lost silently).
+        await asyncio.shield(self._commit())
+        if self.response_started and not self.exchange.cancelled:
+            try:
+                await self._release(send)
+            except BaseException:
+                pass
+
+    async def _commit(self) -> None:
+        """Build and durably store the record; a failure is counted and never raised."""
+        if not self.capturing:
+            return
+        store = self.owner.store
+        assert store is not None and self.exchange.rollout_id is not None
+        try:
+            line = raw_line_from_exchange(self.exchange, dialect=self.dialect, tracker=self.tracker)
+        except Exception as exc:
+            self.owner.health.failure("record_build_failed", "asgi", exc)
+            store.mark_incomplete(self.exchange.rollout_id, "record_build_failed")
+            return
+        try:
+            await store.append_async(self.exchange.rollout_id, line)
+        except Exception as exc:
+            self.owner.health.failure("record_write_failed", "asgi", exc)
+            return
+        self.owner.health.count("records_written")
+
+    async def _reject(self, send: Send, rejected: _RejectedRequest) -> None:
+        self.exchange.status_code = 400
+        payload = _error_body(str(rejected), "invalid_model_sampling")
+        self.exchange.response_headers = {"content-type": "application/json"}
+        self.exchange.add_response_chunk(payload)
+        self.finished = True
+        await self._commit()
+        await _send_body(send, 400, payload)
+
+
+class _RejectedRequest(Exception):
+    """A request llmtap itself must refuse (a malformed sampling segment)."""
+
+
+_NO_SAMPLING = object()
+
+
+def _decode_sampling(segment: str | None, header_segment: str | None) -> object:
+    """Return the call's sampling (None for `null`), `_NO_SAMPLING`, or raise `_RejectedRequest`."""
+    try:
+        encoded = resolve_sampling_segment(segment, header_segment)
+        if encoded is None:
+            return _NO_SAMPLING
+        return decode_model_sampling(encoded)
+    except ValueError as exc:
+        raise _RejectedRequest(str(exc)) from exc
+
+
+async def _read_body(receive: Receive, call: _CapturedCall) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            call.client_gone = True
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    call.exchange.request_body = body
+    return body
+
+
+def _replay_receive(body: bytes, receive: Receive, call: _CapturedCall) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            call.client_gone = True
+        return message
+
+    return replay
+
+
+def _strip_prefix(scope: Scope, rest: str) -> Scope:
+    prefix_length = len(scope["path"]) - len(rest)
+    prefix = scope["path"][:prefix_length].encode("ascii", "replace")
+    raw_path = scope.get("raw_path")
+    if isinstance(raw_path, bytes) and raw_path.startswith(prefix):
+        new_raw: bytes = raw_path[len(prefix) :]
+    else:
+        new_raw = rest.encode("utf-8")
+    return {**scope, "path": rest, "raw_path": new_raw}
+
+
+def _header(scope: Scope, name: str) -> str | None:
+    wanted = name.encode("latin-1")
+    for key, value in scope.get("headers", []):
+        if key.lower() == wanted:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def _with_content_length(scope: Scope, length: int) -> Scope:
+    headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in (b"content-length", b"transfer-encoding")]
+    headers.append((b"content-length", str(length).encode("ascii")))
+    return {**scope, "headers": headers}
+
+
+def _error_body(message: str, code: str) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "code": code}})
+
+
+async def _send_body(send: Send, status: int, payload: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+async def _send_json_error(send: Send, status: int, message: str, code: str) -> None:
+    await _send_body(send, status, _error_body(message, code))

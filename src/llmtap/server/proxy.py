@@ -1,0 +1,286 @@
+"""`llmtap serve`: a capturing proxy in front of OpenAI-compatible and Anthropic upstreams.
+
+The proxy itself only forwards: request bytes go upstream unchanged (but for credentials it is
+configured to add), and the upstream's status, headers and raw body bytes come back chunk by chunk
+as they arrive, compressed or not, errors included. Capture is the `CaptureMiddleware` around it.
+
+The upstream call is one narrow seam, `UpstreamTransport.forward`, so tests and benchmarks can
+swap it without patching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, AsyncIterator
+
+import httpx
+import orjson
+
+from ..dialects import dialect_for_path
+from ..exchange import Exchange
+from ..health import CaptureHealth
+from ..store import CaptureStore
+from .asgi import ASGIApp, Message, Receive, Scope, Send
+from .config import ServeConfig, UpstreamConfig
+from .middleware import EXCHANGE_SCOPE_KEY, CaptureMiddleware
+
+__all__ = ["ProxyApp", "build_app", "upstream_url"]
+
+# Hop-by-hop headers (RFC 9110 §7.6.1) are for one connection and never forwarded.
+_HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+    }
+)
+_CREDENTIALS = frozenset({b"authorization", b"x-api-key", b"api-key"})
+
+
+def upstream_url(base_url: str, path: str, query: bytes) -> str:
+    """Join an upstream base URL and a request path, without doubling a `/v1` the base already has."""
+    base = base_url.rstrip("/")
+    if base.endswith("/v1") and (path == "/v1" or path.startswith("/v1/")):
+        base = base[: -len("/v1")]
+    url = base + path
+    if query:
+        url += "?" + query.decode("latin-1")
+    return url
+
+
+class _Upstream:
+    """One configured upstream: its settings, its pooled client and its credential header."""
+
+    def __init__(self, name: str, config: UpstreamConfig) -> None:
+        self.name = name
+        self.config = config
+        key = config.api_key()
+        self.credential: tuple[bytes, bytes] | None = None
+        if key is not None:
+            if config.auth == "x-api-key":
+                self.credential = (b"x-api-key", key.encode("latin-1"))
+            else:
+                self.credential = (b"authorization", b"Bearer " + key.encode("latin-1"))
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
+            limits=httpx.Limits(
+                max_connections=config.max_connections,
+                max_keepalive_connections=config.max_connections,
+                keepalive_expiry=60.0,
+            ),
+            follow_redirects=False,
+            trust_env=False,
+        )
+
+    def selects(self, dialect: str | None, model: str | None) -> bool:
+        if self.config.dialects is not None and dialect not in self.config.dialects:
+            return False
+        if self.config.models is not None and model not in self.config.models:
+            return False
+        return True
+
+
+class ProxyApp:
+    """The forwarding ASGI app: chooses an upstream, streams the exchange through, never buffers a response."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.upstreams = {name: _Upstream(name, upstream) for name, upstream in config.upstreams.items()}
+        self._selective = [u for u in self.upstreams.values() if u.config.dialects or u.config.models]
+        self.default = self.upstreams[config.default_upstream_name]
+
+    async def aclose(self) -> None:
+        """Close the pooled upstream connections."""
+        for upstream in self.upstreams.values():
+            await upstream.client.aclose()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        body = await _read_request_body(receive)
+        if body is None:
+            return  # the client left before sending its request
+        upstream = self._choose(scope["path"], body)
+        exchange: Exchange | None = scope.get(EXCHANGE_SCOPE_KEY)
+        if exchange is not None:
+            exchange.model_ref = upstream.config.model_ref or exchange.model_ref
+            exchange.provider = upstream.config.provider or exchange.provider
+        await _Forwarding(upstream, scope, receive, send, exchange).run(body)
+
+    def _choose(self, path: str, body: bytes) -> _Upstream:
+        if not self._selective:
+            return self.default
+        dialect = dialect_for_path(path)
+        model = None
+        if self._needs_model():
+            try:
+                parsed = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                parsed = None
+            if isinstance(parsed, dict) and isinstance(parsed.get("model"), str):
+                model = parsed["model"]
+        for upstream in self._selective:
+            if upstream.selects(dialect.name if dialect else None, model):
+                return upstream
+        return self.default
+
+    def _needs_model(self) -> bool:
+        return any(u.config.models for u in self._selective)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+class _Forwarding:
+    """One request's trip upstream and back, stopped early if the client disconnects."""
+
+    def __init__(
+        self, upstream: _Upstream, scope: Scope, receive: Receive, send: Send, exchange: Exchange | None
+    ) -> None:
+        self.upstream = upstream
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        self.exchange = exchange
+        self.client_gone = False
+
+    async def run(self, body: bytes) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.create_task(self._watch_disconnect(task))
+        try:
+            await self._forward(body)
+        except asyncio.CancelledError:
+            if not self.client_gone:
+                raise
+            task.uncancel()  # our own cancellation: the client left, so the call simply ends
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _watch_disconnect(self, task: asyncio.Task[Any]) -> None:
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                self.client_gone = True
+                task.cancel()
+                return
+
+    async def _forward(self, body: bytes) -> None:
+        request = self.upstream.client.build_request(
+            self.scope["method"],
+            upstream_url(self.upstream.config.base_url, self.scope["path"], self.scope.get("query_string", b"")),
+            headers=self._request_headers(),
+            content=body,
+        )
+        try:
+            response = await self.upstream.client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            await self._answer_unreachable(exc)
+            return
+        try:
+            await self.send(
+                {"type": "http.response.start", "status": response.status_code, "headers": _response_headers(response)}
+            )
+            async for chunk in _raw_chunks(response):
+                await self.send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await response.aclose()
+
+    def _request_headers(self) -> list[tuple[bytes, bytes]]:
+        headers = [(k, v) for k, v in self.scope.get("headers", []) if k.lower() not in _HOP_BY_HOP]
+        if self.upstream.credential is not None:
+            headers = [(k, v) for k, v in headers if k.lower() not in _CREDENTIALS]
+            headers.append(self.upstream.credential)
+        return headers
+
+    async def _answer_unreachable(self, exc: httpx.HTTPError) -> None:
+        timed_out = isinstance(exc, httpx.TimeoutException)
+        status = 504 if timed_out else 502
+        if self.exchange is not None:
+            self.exchange.exception = exc
+            self.exchange.status_synthesized = True
+        payload = orjson.dumps(
+            {
+                "error": {
+                    "message": f"llmtap could not get a response from upstream {self.upstream.name!r}: "
+                    f"{type(exc).__name__}.",
+                    "type": "upstream_timeout" if timed_out else "upstream_unreachable",
+                }
+            }
+        )
+        await self.send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+            }
+        )
+        await self.send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+async def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The upstream body exactly as sent on the wire (no decompression), chunk by chunk."""
+    async for chunk in response.aiter_raw():
+        if chunk:
+            yield chunk
+
+
+def _response_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
+    hop = {b"connection", b"keep-alive", b"transfer-encoding", b"proxy-authenticate", b"trailer", b"upgrade"}
+    return [(k, v) for k, v in response.headers.raw if k.lower() not in hop]
+
+
+async def _read_request_body(receive: Receive) -> bytes | None:
+    chunks: list[bytes] = []
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def build_app(
+    config: ServeConfig, *, store: CaptureStore | None = None, health: CaptureHealth | None = None
+) -> ASGIApp:
+    """Build the `llmtap serve` ASGI app: the proxy wrapped in capture middleware.
+
+    Capture is on when `observability_enabled` is true (the store is then opened at
+    `model_call_capture_dir` unless one is given). Each call is labelled with the `model_ref` and
+    provider of the upstream it went to.
+    """
+    proxy = ProxyApp(config)
+    if store is None and config.observability_enabled:
+        assert config.model_call_capture_dir is not None
+        store = CaptureStore(config.model_call_capture_dir)
+    default = proxy.default.config
+    return CaptureMiddleware(
+        proxy,
+        store=store,
+        model_ref=default.model_ref,
+        provider=default.provider,
+        sampling_overrides=config.sampling_overrides,
+        health=health,
+    )
