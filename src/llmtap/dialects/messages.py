@@ -1,0 +1,472 @@
+"""Anthropic Messages (`/v1/messages`): stream reassembly and normalization.
+
+A Messages stream is `message_start` (the message with empty content), then for each content
+block a `content_block_start`, its deltas and a `content_block_stop`, all keyed by `index`, then
+`message_delta` (stop reason, cumulative usage) and `message_stop`; `ping` may come anywhere and
+an `error` event can end the stream early. The assembler rebuilds the message a non-streaming
+call returns and keeps everything a replay needs: thinking signatures, redacted thinking, and
+block types it does not know, exactly as given.
+
+Usage follows OpenTelemetry's `gen_ai.usage.input_tokens`, which counts cached input. Anthropic's
+`input_tokens` leaves out cache reads and writes, so this dialect (and only this one) adds them
+back; see `_usage`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping
+
+import orjson
+
+from .base import (
+    NOT_JSON,
+    Normalized,
+    TerminalKind,
+    ToolCall,
+    Usage,
+    as_count,
+    as_str,
+    parse_arguments,
+    parse_event_data,
+)
+from .sse import SSEEvent
+
+__all__ = ["MessagesDialect", "MessagesStreamAssembler"]
+
+# Provider stop reasons mapped onto the normalized finish reasons; any other value is "other"
+# (for example `pause_turn`, where a server tool loop paused and the caller should continue).
+_FINISH_REASONS: dict[str, str] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+
+# Deltas whose string value (under the same key as the block field) is appended to the block.
+_APPENDING_DELTAS: dict[str, str] = {"text_delta": "text", "thinking_delta": "thinking"}
+
+# Blocks that call a tool, and the ToolCall type each gets. Only `tool_use` is for the agent to
+# run; server and MCP tool calls were already run by Anthropic, so they keep their own type.
+_TOOL_CALL_TYPES: dict[str, str] = {
+    "tool_use": "function",
+    "server_tool_use": "server_tool_use",
+    "mcp_tool_use": "mcp_tool_use",
+}
+
+_UNPARSED = object()
+
+
+class _Block:
+    """One content block being streamed: the block as started plus what its deltas added."""
+
+    __slots__ = ("fields", "appended", "citations", "json_parts", "_parsed")
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+        self.appended: dict[str, list[str]] = {}
+        self.citations: list[Any] = []
+        # Pieces of `input_json_delta.partial_json`; None until the first one arrives.
+        self.json_parts: list[str] | None = None
+        self._parsed: tuple[int, Any] | None = None
+
+    def append(self, field: str, text: str) -> None:
+        self.appended.setdefault(field, []).append(text)
+
+    def add_json(self, text: str) -> None:
+        if self.json_parts is None:
+            self.json_parts = []
+        self.json_parts.append(text)
+
+    def parsed_input(self) -> Any:
+        """The accumulated tool input: a dict when it parses, else its raw text; cached per size."""
+        if self.json_parts is None:
+            return _UNPARSED
+        if self._parsed is None or self._parsed[0] != len(self.json_parts):
+            self._parsed = (len(self.json_parts), _parse_input("".join(self.json_parts)))
+        return self._parsed[1]
+
+    def snapshot(self) -> dict[str, Any]:
+        block = dict(self.fields)
+        for field, pieces in self.appended.items():
+            prefix = block.get(field)
+            block[field] = (prefix if isinstance(prefix, str) else "") + "".join(pieces)
+        if self.citations:
+            existing = block.get("citations")
+            block["citations"] = (list(existing) if isinstance(existing, list) else []) + self.citations
+        parsed = self.parsed_input()
+        if parsed is not _UNPARSED:
+            block["input"] = parsed
+        return block
+
+
+def _parse_input(text: str) -> Any:
+    """Parse streamed tool input; keep the text itself when it is empty or not a JSON object.
+
+    A stream cut mid-arguments leaves text that does not parse; keeping it (rather than `{}`)
+    lets `normalize` report it as `{"_raw": text}` and lets a reader see how far the call got.
+    """
+    if not text.strip():
+        return {}
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def _merge_usage(current: Any, update: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge a later usage object into an earlier one, key by key.
+
+    `message_delta` carries cumulative counts (always `output_tokens`, sometimes input and cache
+    counts), so a later value replaces an earlier one; a key the later object leaves out, or
+    sends as null, keeps its earlier value instead of being erased.
+    """
+    merged: dict[str, Any] = dict(current) if isinstance(current, dict) else {}
+    for key, value in update.items():
+        previous = merged.get(key)
+        if value is None and key in merged:
+            continue
+        if isinstance(value, Mapping) and isinstance(previous, dict):
+            merged[key] = _merge_usage(previous, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _index(data: Mapping[str, Any]) -> int | None:
+    index = data.get("index")
+    if isinstance(index, bool) or not isinstance(index, int):
+        return None
+    return index
+
+
+class MessagesStreamAssembler:
+    """Rebuilds a Messages event stream into the message a non-streaming call returns.
+
+    Events are dispatched on the `type` inside their data (so `data:`-only streams work) and on
+    the `event:` name when the data has none. Malformed events (data that is not JSON, wrong
+    types, a delta for a block that never started) are skipped and counted in
+    `malformed_events`; well-formed events of a type this module does not know are skipped and
+    counted in `unknown_events`, so a newer API never breaks capture.
+
+    Usage::
+
+        assembler = MessagesDialect().stream_assembler()
+        for event in decode_sse(body):
+            assembler.feed(event)
+        message = assembler.result()
+    """
+
+    __slots__ = ("terminal", "malformed_events", "unknown_events", "_message", "_blocks", "_error")
+
+    def __init__(self) -> None:
+        self.terminal: TerminalKind | None = None
+        self.malformed_events = 0
+        self.unknown_events = 0
+        self._message: dict[str, Any] | None = None
+        self._blocks: dict[int, _Block] = {}
+        self._error: dict[str, Any] | None = None
+
+    def feed(self, event: SSEEvent) -> None:
+        """Apply one event; never raises."""
+        data = parse_event_data(event)
+        if data is NOT_JSON:
+            if event.event == "error":
+                # A proxy may send a plain-text error; it still ends the stream with an error.
+                self._on_error({"message": event.data} if event.data else {})
+            elif event.data.strip() != "[DONE]":
+                self.malformed_events += 1
+            return
+        kind = data.get("type") if isinstance(data, dict) else None
+        if not isinstance(kind, str):
+            kind = event.event
+        if kind == "error" or event.event == "error":
+            self._on_error(data)
+            return
+        if not isinstance(data, dict):
+            self.malformed_events += 1
+            return
+        match kind:
+            case "message_start":
+                self._on_message_start(data)
+            case "content_block_start":
+                self._on_block_start(data)
+            case "content_block_delta":
+                self._on_block_delta(data)
+            case "content_block_stop":
+                self._on_block_stop(data)
+            case "message_delta":
+                self._on_message_delta(data)
+            case "message_stop":
+                if self.terminal is None:
+                    self.terminal = "completed"
+            case "ping":
+                pass
+            case None:
+                self.malformed_events += 1
+            case _:
+                self.unknown_events += 1
+
+    def result(self) -> dict[str, Any] | None:
+        """Return the message rebuilt so far (with an `error` key after an error), or None."""
+        if self._message is None and not self._blocks:
+            if self._error is None:
+                return None
+            return {"type": "error", "error": dict(self._error)}
+        message: dict[str, Any] = dict(self._message) if self._message is not None else {}
+        message["content"] = [self._blocks[index].snapshot() for index in sorted(self._blocks)]
+        usage = message.get("usage")
+        if isinstance(usage, dict):
+            message["usage"] = dict(usage)
+        if self._error is not None:
+            message["error"] = dict(self._error)
+        return message
+
+    def _on_error(self, data: Any) -> None:
+        error = data.get("error") if isinstance(data, dict) else None
+        if isinstance(error, dict):
+            self._error = dict(error)
+        elif isinstance(error, str) and error:
+            self._error = {"message": error}
+        elif isinstance(data, dict):
+            self._error = {key: value for key, value in data.items() if key != "type"}
+        else:
+            self._error = {"message": data}
+        self.terminal = "error"
+
+    def _on_message_start(self, data: Mapping[str, Any]) -> None:
+        message = data.get("message")
+        if not isinstance(message, dict):
+            self.malformed_events += 1
+            return
+        self._message = dict(message)
+        content = message.get("content")
+        if isinstance(content, list):
+            # The API sends `content: []` here; a prefilled block would take the first indexes.
+            for index, block in enumerate(content):
+                if isinstance(block, dict) and index not in self._blocks:
+                    self._blocks[index] = _Block(dict(block))
+
+    def _on_block_start(self, data: Mapping[str, Any]) -> None:
+        index = _index(data)
+        block = data.get("content_block")
+        if index is None or not isinstance(block, dict):
+            self.malformed_events += 1
+            return
+        self._blocks[index] = _Block(dict(block))
+
+    def _on_block_delta(self, data: Mapping[str, Any]) -> None:
+        index = _index(data)
+        delta = data.get("delta")
+        block = self._blocks.get(index) if index is not None else None
+        if block is None or not isinstance(delta, dict):
+            self.malformed_events += 1
+            return
+        kind = delta.get("type")
+        if not isinstance(kind, str):
+            self.malformed_events += 1
+        elif kind in _APPENDING_DELTAS:
+            field = _APPENDING_DELTAS[kind]
+            self._append(block, field, delta.get(field))
+        elif kind == "input_json_delta":
+            partial = delta.get("partial_json")
+            if isinstance(partial, str):
+                block.add_json(partial)
+            else:
+                self.malformed_events += 1
+        elif kind == "signature_delta":
+            # The signature arrives whole and replaces the empty one of the block start; it is
+            # what lets a later request replay this thinking block.
+            signature = delta.get("signature")
+            if isinstance(signature, str):
+                block.fields["signature"] = signature
+            else:
+                self.malformed_events += 1
+        elif kind == "citations_delta":
+            citation = delta.get("citation")
+            if citation is None:
+                self.malformed_events += 1
+            else:
+                block.citations.append(citation)
+        else:
+            self.unknown_events += 1
+
+    def _append(self, block: _Block, field: str, text: Any) -> None:
+        if isinstance(text, str):
+            block.append(field, text)
+        else:
+            self.malformed_events += 1
+
+    def _on_block_stop(self, data: Mapping[str, Any]) -> None:
+        index = _index(data)
+        block = self._blocks.get(index) if index is not None else None
+        if block is None:
+            self.malformed_events += 1
+            return
+        block.parsed_input()
+
+    def _on_message_delta(self, data: Mapping[str, Any]) -> None:
+        delta = data.get("delta")
+        usage = data.get("usage")
+        if not isinstance(delta, dict) and not isinstance(usage, dict):
+            self.malformed_events += 1
+            return
+        if self._message is None:
+            self._message = {}
+        if isinstance(delta, dict):
+            # stop_reason, stop_sequence, and whatever else the API adds (stop_details, container).
+            self._message.update(delta)
+        if isinstance(usage, dict):
+            self._message["usage"] = _merge_usage(self._message.get("usage"), usage)
+        for key, value in data.items():
+            if key not in ("type", "delta", "usage"):
+                self._message[key] = value
+
+
+class MessagesDialect:
+    """Anthropic Messages API: `POST /v1/messages`."""
+
+    name: ClassVar[str] = "messages"
+    paths: ClassVar[frozenset[str]] = frozenset({"/v1/messages"})
+    path_suffixes: ClassVar[tuple[str, ...]] = ("/messages",)
+    max_tokens_keys: ClassVar[tuple[str, ...]] = ("max_tokens",)
+
+    def stream_assembler(self) -> MessagesStreamAssembler:
+        """Return a fresh assembler for one stream."""
+        return MessagesStreamAssembler()
+
+    def normalize(self, response: Mapping[str, Any]) -> Normalized:
+        """Read a message (or an error body) into provider-neutral terms; never raises.
+
+        Choices worth knowing:
+
+        - `tool_calls` holds every tool call block in order. `tool_use` blocks get type
+          "function"; `server_tool_use` (and `mcp_tool_use`) blocks keep that name as their type,
+          because Anthropic already ran them: filter on `type == "function"` for the calls an
+          agent must answer. All their ids go in `served_item_ids`, after the message id.
+        - `reasoning_content` joins the `thinking` texts with a newline. `redacted_thinking`
+          blocks, and `thinking` blocks whose text is empty but which carry a signature (thinking
+          shown as omitted), count in `reasoning_redacted_blocks`.
+        - `refusal` is set only when `stop_reason` is "refusal": the text the model wrote, or
+          else the provider's `stop_details.explanation`.
+        - `response_status` stays None: the Messages API has no status field (how a stream
+          ended is the assembler's `terminal`).
+        """
+        normalized = Normalized()
+        if not isinstance(response, Mapping):
+            return normalized
+        normalized.error = _error_object(response)
+        normalized.response_id = as_str(response.get("id"))
+        normalized.model = as_str(response.get("model"))
+        stop_reason = as_str(response.get("stop_reason"))
+        normalized.finish_reason = stop_reason
+        if normalized.error is not None:
+            normalized.finish_reason_normalized = "error"
+        elif stop_reason is not None:
+            normalized.finish_reason_normalized = _FINISH_REASONS.get(stop_reason, "other")
+        normalized.usage = _usage(response.get("usage"))
+        _read_content(response.get("content"), normalized)
+        if stop_reason == "refusal":
+            normalized.refusal = as_str(normalized.output_text) or _refusal_explanation(response)
+        served = [normalized.response_id] if normalized.response_id else []
+        served += [call.call_id for call in normalized.tool_calls if call.call_id]
+        normalized.served_item_ids = list(dict.fromkeys(served))
+        normalized.prompt_token_ids = _token_ids(response.get("prompt_token_ids"))
+        normalized.completion_token_ids = _token_ids(response.get("token_ids"))
+        return normalized
+
+
+def _read_content(content: Any, normalized: Normalized) -> None:
+    """Fill output text, reasoning and tool calls from the content blocks, in order."""
+    if not isinstance(content, list):
+        return
+    texts: list[str] = []
+    thoughts: list[str] = []
+    for block in content:
+        if not isinstance(block, Mapping):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            text = block.get("text")
+            if isinstance(text, str):
+                texts.append(text)
+        elif kind == "thinking":
+            thinking = as_str(block.get("thinking"))
+            if thinking is not None:
+                thoughts.append(thinking)
+            elif as_str(block.get("signature")) is not None:
+                normalized.reasoning_redacted_blocks += 1
+        elif kind == "redacted_thinking":
+            normalized.reasoning_redacted_blocks += 1
+        elif isinstance(kind, str) and kind in _TOOL_CALL_TYPES:
+            normalized.tool_calls.append(
+                ToolCall(
+                    call_id=as_str(block.get("id")),
+                    name=as_str(block.get("name")),
+                    arguments=parse_arguments(block.get("input")),
+                    type=_TOOL_CALL_TYPES[kind],
+                )
+            )
+    normalized.output_text = "".join(texts) if texts else None
+    normalized.reasoning_content = "\n".join(thoughts) if thoughts else None
+
+
+def _usage(raw: Any) -> Usage:
+    """Read Anthropic usage, folding cache reads and writes into `tokens_in`.
+
+    The fold rule: with `input_tokens` known, `tokens_in` = input + cache read + cache creation,
+    a cache count the provider left out adding nothing (older models report no cache fields).
+    Without `input_tokens`, `tokens_in` is the cache sum only when that sum is positive (a lower
+    bound the provider did report), and None otherwise, since zero cache counts say nothing about
+    the input. `tokens_reasoning` comes from `output_tokens_details.thinking_tokens` when the
+    provider sends it (newer models do) and is None otherwise.
+    """
+    if not isinstance(raw, Mapping):
+        return Usage()
+    base = as_count(raw.get("input_tokens"))
+    read = as_count(raw.get("cache_read_input_tokens"))
+    creation = as_count(raw.get("cache_creation_input_tokens"))
+    cache_sum = (read or 0) + (creation or 0)
+    if base is not None:
+        tokens_in: int | None = base + cache_sum
+    else:
+        tokens_in = cache_sum if cache_sum > 0 else None
+    tokens_out = as_count(raw.get("output_tokens"))
+    details = raw.get("output_tokens_details")
+    reasoning = as_count(details.get("thinking_tokens")) if isinstance(details, Mapping) else None
+    total = as_count(raw.get("total_tokens"))
+    if total is None and tokens_in is not None and tokens_out is not None:
+        total = tokens_in + tokens_out
+    return Usage(
+        tokens_in=tokens_in,
+        tokens_out=tokens_out,
+        tokens_reasoning=reasoning,
+        tokens_total=total,
+        cached_tokens=read,
+        cache_creation_tokens=creation,
+    )
+
+
+def _error_object(response: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The provider's error: `{"type": "error", "error": {...}}` bodies and stream errors."""
+    error = response.get("error")
+    if isinstance(error, Mapping):
+        return dict(error)
+    if isinstance(error, str) and error:
+        return {"message": error}
+    if response.get("type") == "error":
+        return {key: value for key, value in response.items() if key != "type"}
+    return None
+
+
+def _refusal_explanation(response: Mapping[str, Any]) -> str | None:
+    details = response.get("stop_details")
+    return as_str(details.get("explanation")) if isinstance(details, Mapping) else None
+
+
+def _token_ids(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(as_count(item) is not None for item in value):
+        return list(value)
+    return None
