@@ -1,5 +1,108 @@
-"""llmtap: record every model call an AI agent or RL rollout makes, as evidence you can trust."""
+"""llmtap: record every model call an AI agent or RL rollout makes, as evidence you can trust.
+
+The public names below are loaded on first use, so `import llmtap` stays cheap: the start-up
+hooks of `llmtap run` import this package inside every Python process of a workload.
+
+Usage::
+
+    from llmtap import CaptureStore, read_model_call_records, aggregate_model_call_metrics
+
+    store = CaptureStore("/abs/model-calls")
+    calls = read_model_call_records(store, "0-0")
+    totals = aggregate_model_call_metrics(store, "0-0")
+"""
 
 from __future__ import annotations
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+# Public name -> module that defines it.
+_EXPORTS: dict[str, str] = {
+    "AppendResult": "llmtap.store",
+    "CaptureMiddleware": "llmtap.server.middleware",
+    "CaptureRecordError": "llmtap.errors",
+    "CaptureStore": "llmtap.store",
+    "ConfigError": "llmtap.errors",
+    "Exchange": "llmtap.exchange",
+    "InvalidRolloutIdError": "llmtap.errors",
+    "LlmtapError": "llmtap.errors",
+    "MODEL_SAMPLING_HEADER": "llmtap.sampling",
+    "MODEL_SAMPLING_NULL": "llmtap.sampling",
+    "ModelCallRecord": "llmtap.records",
+    "ModelCallSampling": "llmtap.sampling",
+    "ModelCallSamplingConfig": "llmtap.sampling",
+    "ROLLOUT_ID_PATTERN": "llmtap.store",
+    "ReadResult": "llmtap.store",
+    "StoreError": "llmtap.errors",
+    "aggregate_model_call_metrics": "llmtap.readers",
+    "base_url_for_run": "llmtap.correlation",
+    "current_model_sampling_segment": "llmtap.sampling",
+    "current_rollout_id": "llmtap.correlation",
+    "decode_model_sampling": "llmtap.sampling",
+    "encode_model_sampling": "llmtap.sampling",
+    "model_call_sampling_config": "llmtap.sampling",
+    "model_sampling_context": "llmtap.sampling",
+    "model_sampling_from_run_body": "llmtap.sampling",
+    "model_sampling_path_segment": "llmtap.sampling",
+    "read_model_call_records": "llmtap.readers",
+    "read_rollout_calls": "llmtap.readers",
+    "resolve_model_base_url": "llmtap.correlation",
+    "rollout_context": "llmtap.correlation",
+    "rollout_id_from_run": "llmtap.correlation",
+    "rollout_id_from_run_body": "llmtap.correlation",
+    "url_path_for_request": "llmtap.correlation",
+    "url_path_for_run": "llmtap.correlation",
+    "validate_rollout_id": "llmtap.store",
+    "with_model_sampling_segment": "llmtap.sampling",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'llmtap' has no attribute {name!r}")
+    value = getattr(import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from .correlation import (
+        base_url_for_run,
+        current_rollout_id,
+        resolve_model_base_url,
+        rollout_context,
+        rollout_id_from_run,
+        rollout_id_from_run_body,
+        url_path_for_request,
+        url_path_for_run,
+    )
+    from .errors import CaptureRecordError, ConfigError, InvalidRolloutIdError, LlmtapError, StoreError
+    from .exchange import Exchange
+    from .readers import aggregate_model_call_metrics, read_model_call_records, read_rollout_calls
+    from .records import ModelCallRecord
+    from .sampling import (
+        MODEL_SAMPLING_HEADER,
+        MODEL_SAMPLING_NULL,
+        ModelCallSampling,
+        ModelCallSamplingConfig,
+        current_model_sampling_segment,
+        decode_model_sampling,
+        encode_model_sampling,
+        model_call_sampling_config,
+        model_sampling_context,
+        model_sampling_from_run_body,
+        model_sampling_path_segment,
+        with_model_sampling_segment,
+    )
+    from .server.middleware import CaptureMiddleware
+    from .store import ROLLOUT_ID_PATTERN, AppendResult, CaptureStore, ReadResult, validate_rollout_id
