@@ -122,6 +122,7 @@ class _CapturedCall:
         self.response_started = False
         self.finished = False
         self.client_gone = False
+        self.content_length: int | None = None
 
     async def run(
         self,
@@ -204,7 +205,7 @@ class _CapturedCall:
             body = message.get("body", b"")
             self.exchange.add_response_chunk(body)
             if message.get("more_body", False):
-                if self.held or self._is_terminal(body):
+                if self.held or self._is_terminal(body) or self._completes_body():
                     self.held.append(message)
                     return
                 await self._send(send, message)
@@ -220,11 +221,19 @@ class _CapturedCall:
         self.response_started = True
         self.exchange.status_code = message["status"]
         self.exchange.response_headers = safe_headers(message.get("headers"))
+        declared = self.exchange.response_headers.get("content-length", "")
+        self.content_length = int(declared) if declared.isdigit() else None
         if self.exchange.is_stream and not self.exchange.response_headers.get("content-encoding"):
             self.tracker = StreamTracker(self.dialect)
 
     def _is_terminal(self, body: bytes) -> bool:
         return self.tracker is not None and self.tracker.feed(body)
+
+    def _completes_body(self) -> bool:
+        """True when the bytes so far reach the declared content-length: the client is done then."""
+        if self.content_length is None:
+            return False
+        return sum(len(chunk) for _, chunk in self.exchange.response_chunks) >= self.content_length
 
     async def _send(self, send: Send, message: Message) -> None:
         try:
