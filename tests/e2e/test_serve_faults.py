@@ -1,0 +1,132 @@
+"""`llmtap serve` in front of a failing upstream: the client sees what the upstream did, and every
+call leaves a record (or a counted, marked failure)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from llmtap.readers import read_rollout_calls
+from llmtap.records import ModelCallRecord
+from llmtap.store import CaptureStore
+from tests.e2e.serve_harness import serving
+from tests.support.faults import FaultUpstream, refused_port
+
+CHAT = {"model": "gpt-4", "messages": [{"role": "user", "content": "Say this is a test"}]}
+
+
+def wait_for_records(store: CaptureStore, rollout_id: str, count: int = 1, timeout: float = 10.0) -> list[ModelCallRecord]:
+    """Poll for records written after the client already gave up (no durability promise to a gone client)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = read_rollout_calls(store, rollout_id).records
+        if len(records) >= count or time.monotonic() > deadline:
+            return records
+        time.sleep(0.02)
+
+
+def client(base: str, rollout: str, **options: object) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/ng-rollout/{rollout}/v1", api_key="sk-test", max_retries=0, **options)  # type: ignore[arg-type]
+
+
+def test_refused_upstream_is_a_502_recorded_as_connection(tmp_path: Path) -> None:
+    store = CaptureStore(tmp_path)
+    with serving(f"http://127.0.0.1:{refused_port()}", tmp_path) as (server, _):
+        with client(server.base_url, "refused") as sdk, pytest.raises(openai.APIStatusError) as raised:
+            sdk.chat.completions.create(**CHAT)
+    assert raised.value.status_code == 502
+    [record] = read_rollout_calls(store, "refused").records
+    assert record.status_code == 502 and record.error_category == "connection"
+
+
+def test_upstream_500_reaches_the_client_unchanged_and_is_recorded(fault_upstream: FaultUpstream, tmp_path: Path) -> None:
+    store = CaptureStore(tmp_path)
+    with serving(fault_upstream.url("status-500"), tmp_path) as (server, _):
+        with httpx.Client(trust_env=False) as http:
+            direct = http.post(fault_upstream.url("status-500") + "/v1/chat/completions", json=CHAT)
+            proxied = http.post(f"{server.base_url}/ng-rollout/e500/v1/chat/completions", json=CHAT)
+    assert proxied.status_code == direct.status_code == 500
+    assert proxied.content == direct.content
+    [record] = read_rollout_calls(store, "e500").records
+    assert record.error_category == "upstream_error" and record.error is not None
+
+
+@pytest.mark.parametrize("fault", ["reset-after-3", "close-after-3"])
+def test_upstream_dying_mid_stream_breaks_the_client_stream_and_is_recorded(
+    fault_upstream: FaultUpstream, tmp_path: Path, fault: str
+) -> None:
+    store = CaptureStore(tmp_path)
+    received = []
+    with serving(fault_upstream.url(fault), tmp_path) as (server, _):
+        with client(server.base_url, "cut") as sdk, pytest.raises(openai.APIError):
+            for chunk in sdk.chat.completions.create(**CHAT, stream=True):
+                received.append(chunk)
+        [record] = wait_for_records(store, "cut")
+    assert received, "the chunks before the failure reach the client"
+    assert record.status_code == 200 and record.stream_truncated
+    assert record.error_category == "connection"
+    assert record.response_raw  # the partial stream is kept
+
+
+def test_stall_past_the_client_timeout_is_recorded_cancelled(fault_upstream: FaultUpstream, tmp_path: Path) -> None:
+    store = CaptureStore(tmp_path)
+    with serving(fault_upstream.url("stall-first-3"), tmp_path) as (server, _):
+        with client(server.base_url, "stall", timeout=0.5) as sdk, pytest.raises(openai.APITimeoutError):
+            sdk.chat.completions.create(**CHAT)
+        [record] = wait_for_records(store, "stall")
+    assert record.error_category == "cancelled" and record.status_code is None
+
+
+def test_client_disconnect_mid_stream_is_recorded_cancelled_with_partial(
+    fault_upstream: FaultUpstream, tmp_path: Path
+) -> None:
+    store = CaptureStore(tmp_path)
+    with serving(fault_upstream.url("stall-between-0.3"), tmp_path) as (server, _):
+        with httpx.Client(trust_env=False) as http:
+            url = f"{server.base_url}/ng-rollout/gone/v1/chat/completions"
+            with http.stream("POST", url, json={**CHAT, "stream": True}) as response:
+                first = next(response.iter_raw())
+        [record] = wait_for_records(store, "gone")
+    assert first
+    assert record.error_category == "cancelled" and record.stream_truncated
+    assert record.response_raw is not None and record.response_raw.encode().startswith(first[:20])
+
+
+def test_stream_without_terminal_is_passed_through_and_recorded_truncated(
+    fault_upstream: FaultUpstream, tmp_path: Path
+) -> None:
+    store = CaptureStore(tmp_path)
+    with serving(fault_upstream.url("no-terminal"), tmp_path) as (server, _):
+        with httpx.Client(trust_env=False) as http:
+            direct = http.post(fault_upstream.url("no-terminal") + "/v1/chat/completions", json={**CHAT, "stream": True})
+            proxied = http.post(f"{server.base_url}/ng-rollout/nt/v1/chat/completions", json={**CHAT, "stream": True})
+    assert proxied.content == direct.content
+    [record] = read_rollout_calls(store, "nt").records
+    assert record.error_category == "stream_truncated" and record.response is not None
+
+
+def test_non_json_success_is_recorded_as_parse_error(fault_upstream: FaultUpstream, tmp_path: Path) -> None:
+    store = CaptureStore(tmp_path)
+    with serving(fault_upstream.url("not-json"), tmp_path) as (server, _):
+        with httpx.Client(trust_env=False) as http:
+            proxied = http.post(f"{server.base_url}/ng-rollout/nj/v1/chat/completions", json=CHAT)
+    assert proxied.status_code == 200
+    [record] = read_rollout_calls(store, "nj").records
+    assert record.error_category == "capture_parse_error" and record.response_raw == proxied.text
+
+
+def test_unwritable_capture_is_counted_marked_and_invisible_to_the_client(
+    fault_upstream: FaultUpstream, tmp_path: Path
+) -> None:
+    store = CaptureStore(tmp_path)
+    store.path_for("blocked").mkdir()  # the data file's place is taken: every append fails
+    with serving(fault_upstream.url("ok"), tmp_path) as (server, health):
+        with client(server.base_url, "blocked") as sdk:
+            completion = sdk.chat.completions.create(**CHAT)
+    assert completion.choices[0].message.content
+    assert health.snapshot()["record_write_failed"] == 1
+    assert store.marker_path_for("blocked").exists()
