@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..errors import LlmtapError
 from ..readers import aggregate_model_call_metrics, read_rollout_calls
-from ..records import ModelCallRecord
+from ..display import calls_table, format_value, metrics_line
 from ..store import CaptureStore
 
 __all__ = ["records"]
@@ -50,8 +50,8 @@ def list_rollouts(capture_dir: Path) -> None:
             str(metrics["num_calls"]),
             str(metrics["num_errors"]),
             str(len(calls.unreadable_lines)),
-            _fmt(metrics["tokens_in"]),
-            _fmt(metrics["tokens_out"]),
+            format_value(metrics["tokens_in"]),
+            format_value(metrics["tokens_out"]),
             ",".join(flags),
         )
     Console().print(table)
@@ -87,8 +87,8 @@ def show(capture_dir: Path, rollout_id: str, as_json: bool, payloads: bool) -> N
             click.echo(orjson.dumps(record.to_dict(include_payloads=payloads)).decode())
         return
     console = Console()
-    console.print(_calls_table(rollout_id, calls.records))
-    console.print(_metrics_line(aggregate_model_call_metrics(calls.records)))
+    console.print(calls_table(f"rollout {rollout_id}", calls.records))
+    console.print(metrics_line(aggregate_model_call_metrics(calls.records)))
     if calls.unreadable_lines:
         console.print(f"[yellow]{len(calls.unreadable_lines)} damaged line(s) skipped at call_index {calls.unreadable_lines}[/]")
     if calls.incomplete:
@@ -102,49 +102,3 @@ def _read(store: CaptureStore, rollout_id: str) -> Any:
         return read_rollout_calls(store, rollout_id)
     except LlmtapError as exc:
         raise click.ClickException(str(exc)) from None
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.1f}"
-    return f"{value:,}" if isinstance(value, int) else str(value)
-
-
-def _calls_table(rollout_id: str, calls: list[ModelCallRecord]) -> Table:
-    table = Table(title=f"rollout {rollout_id}", title_justify="left")
-    for column in ("#", "dialect", "model", "status", "error", "finish", "in", "out", "reas", "cached", "ms", "ttft", "tools", "response id"):
-        table.add_column(column, justify="right" if column in ("#", "in", "out", "reas", "cached", "ms", "ttft") else "left")
-    for call in calls:
-        tools = ", ".join(str(tool.get("name")) for tool in call.tool_calls)
-        error = call.error_category or ""
-        if call.stream_truncated and error != "stream_truncated":
-            error = f"{error} (truncated)".strip()
-        table.add_row(
-            str(call.call_index),
-            call.dialect or "-",
-            call.model or "-",
-            _fmt(call.status_code),
-            error,
-            call.finish_reason_normalized or "-",
-            _fmt(call.tokens_in),
-            _fmt(call.tokens_out),
-            _fmt(call.tokens_reasoning),
-            _fmt(call.cached_tokens),
-            _fmt(call.latency_total_ms),
-            _fmt(call.latency_ttft_ms),
-            tools,
-            call.response_id or "-",
-        )
-    return table
-
-
-def _metrics_line(metrics: dict[str, Any]) -> str:
-    return (
-        f"calls {metrics['num_calls']}  errors {metrics['num_errors']}  "
-        f"tokens in {_fmt(metrics['tokens_in'])} out {_fmt(metrics['tokens_out'])} "
-        f"reasoning {_fmt(metrics['tokens_reasoning'])} cached {_fmt(metrics['cached_tokens'])}  "
-        f"latency sum {_fmt(metrics['latency_total_ms'])} ms, wall {_fmt(metrics['wall_clock_ms'])} ms, "
-        f"ttft p50 {_fmt(metrics['latency_ttft_ms_p50'])} ms"
-    )

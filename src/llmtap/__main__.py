@@ -1,0 +1,5 @@
+"""`python -m llmtap` runs the `llmtap` command."""
+
+from .cli import main
+
+main()
