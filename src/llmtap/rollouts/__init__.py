@@ -1,0 +1,1 @@
+"""Turning captured calls into rollout records."""

@@ -1,0 +1,673 @@
+"""Terminal attribution: witnesses, abstention, agreement, contradictions, custody rows, junk.
+
+Entries are built from the real recorded exchanges. Where a scenario needs a second serving of
+the same content (a retry, a reissued id), the recorded response is copied and its served ids
+are rewritten, which is what a backend does when it serves the same output again.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from itertools import combinations
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llmtap.dialects import DIALECTS
+from llmtap.exchange import Exchange
+from llmtap.records import ModelCallRecord, raw_line_from_exchange
+from llmtap.rollouts.terminal import (
+    FALLBACK_MASK,
+    FALLBACK_SINGLE_CHAIN,
+    WITNESSES,
+    TerminalAttribution,
+    assistant_fingerprint,
+    continuation_fingerprint,
+    resolve_terminal,
+)
+from tests.fixtures import RecordedExchange, all_fixtures, fixture
+
+# Three real Responses calls: a tool call, the follow-up answer that used its result, and an
+# unrelated call that made two parallel tool calls.
+CALL = "responses/function-call-gpt55"
+ANSWER = "responses/function-call-output-followup-gpt55"
+PARALLEL = "responses/parallel-function-calls-gpt4o"
+
+
+def body_of(name: str) -> dict[str, Any]:
+    body = json.loads(fixture(name).body_text)
+    assert isinstance(body, dict)
+    return body
+
+
+def reissued(value: Any, suffix: str) -> Any:
+    """The same content with every served id (`id`, `call_id`) rewritten, as a new serving."""
+    if isinstance(value, dict):
+        return {
+            key: item + suffix if key in ("id", "call_id") and isinstance(item, str) else reissued(item, suffix)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [reissued(item, suffix) for item in value]
+    return value
+
+
+def without_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Items as a harness that kept only their content would write them."""
+    return [{key: value for key, value in item.items() if key not in ("id", "call_id")} for item in items]
+
+
+def record(
+    name: str,
+    call_id: str,
+    index: int = 0,
+    *,
+    body: dict[str, Any] | None = None,
+    tokens: tuple[list[int], list[int]] | None = None,
+) -> ModelCallRecord:
+    """A captured call from a recorded exchange; `tokens` adds vLLM-style token ids."""
+    response = copy.deepcopy(body if body is not None else body_of(name))
+    if tokens is not None:
+        response["prompt_token_ids"], response["token_ids"] = tokens
+    line = {"model_call_id": call_id, "dialect": fixture(name).dialect, "request": fixture(name).request_json}
+    return ModelCallRecord.from_raw_line({**line, "response": response}, index)
+
+
+def output_of(entry: ModelCallRecord) -> list[dict[str, Any]]:
+    assert entry.response is not None
+    return copy.deepcopy(entry.response["output"])
+
+
+def named(attribution: TerminalAttribution) -> dict[str, str]:
+    return {w.witness: str(w.model_call_id) for w in attribution.witnesses if w.verdict == "named"}
+
+
+def verdicts(attribution: TerminalAttribution) -> dict[str, str]:
+    return {w.witness: w.verdict for w in attribution.witnesses}
+
+
+@pytest.fixture
+def rollout() -> list[ModelCallRecord]:
+    return [record(CALL, "c1", 0), record(ANSWER, "c2", 1), record(PARALLEL, "c3", 2)]
+
+
+# --- each witness alone, and every pair ------------------------------------------------------
+
+# How each witness is made to name one call while the others stay silent or abstain. Each
+# returns keyword changes to resolve_terminal's arguments; `response` parts are merged.
+Setup = Callable[[dict[str, ModelCallRecord]], dict[str, Any]]
+
+
+def _explicit(target: str) -> Setup:
+    return lambda calls: {"explicit_call_id": target}
+
+
+def _declared(target: str) -> Setup:
+    return lambda calls: {"declared_response_id": calls[target].response_id}
+
+
+def _response_id(target: str) -> Setup:
+    return lambda calls: {"response": {"id": calls[target].response_id}}
+
+
+def _item_id(target: str) -> Setup:
+    # The last item of a two-item output, alone after a user turn: its id and content name the
+    # call, but neither the whole nor the trailing block matches any call's own output.
+    def setup(calls: dict[str, ModelCallRecord]) -> dict[str, Any]:
+        user_turn = {"type": "message", "role": "user", "content": "go on"}
+        return {"response": {"output": [user_turn, output_of(calls[target])[-1]]}}
+
+    return setup
+
+
+def _content(target: str) -> Setup:
+    return lambda calls: {"response": {"output": without_ids(output_of(calls[target]))}}
+
+
+# The witnesses' natural target in the rollout: item_id needs a call with two output items.
+SETUPS: dict[str, Callable[[str], Setup]] = {
+    "explicit": _explicit,
+    "declared": _declared,
+    "response_id": _response_id,
+    "item_id": _item_id,
+    "content": _content,
+}
+TARGET = {"explicit": "c2", "declared": "c2", "response_id": "c2", "item_id": "c3", "content": "c2"}
+OTHER = {"explicit": "c1", "declared": "c1", "response_id": "c1", "item_id": "c3", "content": "c2"}
+
+
+def _arguments(rollout: list[ModelCallRecord], chosen: dict[str, str]) -> dict[str, Any]:
+    calls = {entry.model_call_id: entry for entry in rollout}
+    arguments: dict[str, Any] = {"response": None}
+    for witness, target in chosen.items():
+        changes = SETUPS[witness](target)(calls)
+        if "response" in changes:
+            part = changes.pop("response")
+            if arguments["response"] is not None and "output" in part and "output" in arguments["response"]:
+                raise AssertionError("two witnesses cannot both set the output")
+            arguments["response"] = {**(arguments["response"] or {}), **part}
+        arguments.update(changes)
+    return arguments
+
+
+@pytest.mark.parametrize("witness", WITNESSES)
+def test_each_witness_alone_attributes_its_call(rollout: list[ModelCallRecord], witness: str) -> None:
+    attribution = resolve_terminal(rollout, **_arguments(rollout, {witness: TARGET[witness]}))
+
+    assert named(attribution) == {witness: TARGET[witness]}
+    assert attribution.attributed and attribution.model_call_id == TARGET[witness]
+    assert attribution.method == witness
+    assert attribution.contradictions == () and attribution.fallback is None
+
+
+def _pair_targets(first: str, second: str, *, agree: bool) -> dict[str, str] | None:
+    """Targets for a pair; the response-side pair item_id/content needs its own rollout."""
+    if {first, second} == {"item_id", "content"}:
+        return None
+    if agree:
+        shared = "c3" if "item_id" in (first, second) else "c2"
+        return {first: shared, second: shared}
+    if "item_id" in (first, second):
+        return {first: "c3" if first == "item_id" else "c1", second: "c3" if second == "item_id" else "c1"}
+    return {first: "c1", second: "c2"}
+
+
+PAIRS = list(combinations(WITNESSES, 2))
+
+
+@pytest.mark.parametrize(("first", "second"), PAIRS)
+def test_every_pair_of_agreeing_witnesses_attributes(
+    rollout: list[ModelCallRecord], first: str, second: str
+) -> None:
+    targets = _pair_targets(first, second, agree=True)
+    if targets is None:  # both read the response's items: the recorded answer itself
+        targets = {first: "c2", second: "c2"}
+        arguments: dict[str, Any] = {"response": {"output": output_of(rollout[1])}}
+    else:
+        arguments = _arguments(rollout, targets)
+    attribution = resolve_terminal(rollout, **arguments)
+
+    assert named(attribution) == targets
+    assert attribution.model_call_id == targets[first]
+    assert attribution.method == f"{first}+{second}"
+    assert attribution.contradictions == () and attribution.fallback is None
+
+
+@pytest.mark.parametrize(("first", "second"), PAIRS)
+def test_every_pair_of_contradicting_witnesses_attributes_nothing_and_keeps_the_disagreement(
+    rollout: list[ModelCallRecord], first: str, second: str
+) -> None:
+    targets = _pair_targets(first, second, agree=False)
+    entries = list(rollout)
+    if targets is None:
+        # A retry served only the second tool call again, under a fresh id. The transcript ends
+        # with the original call's item (so its id names c3) but its content is exactly the
+        # retry's whole output (so content names the retry).
+        retry_body = reissued(rollout[2].response, "-retry")
+        retry_body["output"] = retry_body["output"][1:]
+        entries.append(record(PARALLEL, "c4", 3, body=retry_body))
+        targets = {"item_id": "c3", "content": "c4"}
+        arguments: dict[str, Any] = {"response": {"output": [output_of(rollout[2])[-1]]}}
+    else:
+        arguments = _arguments(rollout, targets)
+    attribution = resolve_terminal(entries, **arguments)
+
+    assert named(attribution) == targets
+    assert not attribution.attributed and attribution.method == ""
+    assert set(attribution.contradictions) == set(targets.items())
+    declared = "declared" in targets
+    assert attribution.fallback == (FALLBACK_MASK if declared else FALLBACK_SINGLE_CHAIN)
+    assert all(call in attribution.reason for call in targets.values())
+
+
+def test_all_five_witnesses_agreeing_attribute_with_every_name_in_the_method(rollout: list[ModelCallRecord]) -> None:
+    answer = rollout[1]
+    attribution = resolve_terminal(
+        rollout, answer.response, explicit_call_id="c2", declared_response_id=answer.response_id
+    )
+
+    assert attribution.model_call_id == "c2"
+    assert attribution.method == "+".join(WITNESSES)
+
+
+# --- transcripts -------------------------------------------------------------------------------
+
+
+def test_a_merged_transcript_names_its_last_model_call_by_every_response_witness(
+    rollout: list[ModelCallRecord],
+) -> None:
+    tool_output = {"type": "function_call_output", "call_id": "call_nJmCK7SJe3ajdYYplIbH0KgL", "output": "2869461"}
+    transcript = {"output": [*output_of(rollout[0]), tool_output, *output_of(rollout[1])]}
+
+    attribution = resolve_terminal(rollout, transcript)
+
+    assert named(attribution) == {"item_id": "c2", "content": "c2"}
+    content = next(w for w in attribution.witnesses if w.witness == "content")
+    assert "cumulative" in content.detail and "trailing block" in content.detail
+
+
+def test_tool_outputs_after_the_last_model_item_do_not_move_the_terminal_call(
+    rollout: list[ModelCallRecord],
+) -> None:
+    tool_output = {"type": "function_call_output", "call_id": "call_nJmCK7SJe3ajdYYplIbH0KgL", "output": "2869461"}
+    attribution = resolve_terminal(rollout, {"output": [*output_of(rollout[0]), tool_output]})
+
+    assert named(attribution) == {"item_id": "c1", "content": "c1"}
+    assert attribution.model_call_id == "c1"
+
+
+def test_a_message_the_harness_composed_itself_abstains_instead_of_naming_an_earlier_call(
+    rollout: list[ModelCallRecord],
+) -> None:
+    composed = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]}
+    attribution = resolve_terminal(rollout, {"output": [*output_of(rollout[0]), composed]})
+
+    assert verdicts(attribution)["item_id"] == "abstained"
+    assert verdicts(attribution)["content"] == "abstained"
+    assert not attribution.attributed and attribution.fallback == FALLBACK_SINGLE_CHAIN
+
+
+def test_a_reused_item_id_with_different_content_names_no_call(rollout: list[ModelCallRecord]) -> None:
+    last = output_of(rollout[0])[-1]
+    forged = {**last, "arguments": '{"a": 1, "b": 2}'}
+    attribution = resolve_terminal(rollout, {"output": [forged]})
+
+    item = next(w for w in attribution.witnesses if w.witness == "item_id")
+    assert item.verdict == "abstained" and "different content" in item.detail
+    assert not attribution.attributed
+
+
+def test_a_chat_backend_call_is_named_by_a_responses_transcript_with_a_namespaced_tool() -> None:
+    served = body_of("chat/tool-call-gpt4o")
+    served["choices"][0]["message"]["tool_calls"][0]["function"]["name"] = "weather_ns__weather"
+    entries = [record("chat/tool-call-gpt4o", "chat-1", 0, body=served), record("chat/text-basic-gpt4o", "aux", 1)]
+    call = served["choices"][0]["message"]["tool_calls"][0]
+    transcript = {
+        "output": [
+            {
+                "type": "function_call",
+                "call_id": call["id"],
+                "name": "weather",
+                "arguments": '{"location": "Florence, Italy"}',
+            }
+        ]
+    }
+
+    attribution = resolve_terminal(entries, transcript)
+
+    assert named(attribution) == {"item_id": "chat-1", "content": "chat-1"}
+
+
+# --- ambiguity, retries ------------------------------------------------------------------------
+
+
+def test_ambiguity_inside_one_witness_is_an_abstention_not_a_vote(rollout: list[ModelCallRecord]) -> None:
+    retry = record(ANSWER, "c2-retry", 3, body=reissued(rollout[1].response, "-again"))
+    attribution = resolve_terminal([*rollout, retry], rollout[1].response)
+
+    content = next(w for w in attribution.witnesses if w.witness == "content")
+    assert content.verdict == "abstained" and "c2" in content.detail and "c2-retry" in content.detail
+    assert named(attribution) == {"response_id": "c2", "item_id": "c2"}
+    assert attribution.model_call_id == "c2"
+
+
+def test_a_backend_that_reused_a_response_id_makes_the_response_id_witness_abstain(
+    rollout: list[ModelCallRecord],
+) -> None:
+    reused = record(CALL, "c1-reused", 3, body={**body_of(CALL), "id": rollout[1].response_id})
+    attribution = resolve_terminal([*rollout, reused], {"id": rollout[1].response_id})
+
+    assert verdicts(attribution)["response_id"] == "abstained"
+    assert not attribution.attributed
+
+
+def test_identical_retries_collapse_to_the_smallest_call_id() -> None:
+    tokens = ([1, 2, 3], [4, 5])
+    first = record(ANSWER, "r-b", 0, tokens=tokens)
+    second = record(ANSWER, "r-a", 1, body=reissued(body_of(ANSWER), "-2"), tokens=tokens)
+    final = {"output": without_ids(output_of(first))}
+
+    attribution = resolve_terminal([first, second], final)
+
+    assert attribution.model_call_id == "r-a"
+    assert "identical token sequences" in next(w for w in attribution.witnesses if w.witness == "content").detail
+
+
+def test_witnesses_naming_identical_retries_attribute_instead_of_contradicting() -> None:
+    tokens = ([7, 8], [9])
+    kept = record(ANSWER, "r-2", 0, tokens=tokens)
+    retry = record(ANSWER, "r-1", 1, body=reissued(body_of(ANSWER), "-2"), tokens=tokens)
+
+    attribution = resolve_terminal([kept, retry], kept.response, explicit_call_id="r-2")
+
+    assert named(attribution)["explicit"] == "r-2" and named(attribution)["content"] == "r-1"
+    assert attribution.model_call_id == "r-1"
+    assert attribution.contradictions == ()
+
+
+def test_retries_with_different_token_sequences_stay_ambiguous() -> None:
+    first = record(ANSWER, "r-1", 0, tokens=([1, 2, 3], [4, 5]))
+    second = record(ANSWER, "r-2", 1, body=reissued(body_of(ANSWER), "-2"), tokens=([1, 2, 3], [4, 6]))
+
+    attribution = resolve_terminal([first, second], {"output": without_ids(output_of(first))})
+
+    assert verdicts(attribution)["content"] == "abstained"
+    assert not attribution.attributed
+
+
+def test_retries_without_token_ids_are_never_assumed_identical() -> None:
+    first = record(ANSWER, "r-1", 0)
+    second = record(ANSWER, "r-2", 1, body=reissued(body_of(ANSWER), "-2"))
+
+    attribution = resolve_terminal([first, second], {"output": without_ids(output_of(first))})
+
+    assert verdicts(attribution)["content"] == "abstained"
+    assert attribution.fallback == FALLBACK_SINGLE_CHAIN
+
+
+# --- declared, fallback ----------------------------------------------------------------------
+
+
+def test_a_declared_response_id_no_call_served_stops_selection_and_masks(rollout: list[ModelCallRecord]) -> None:
+    attribution = resolve_terminal(rollout, rollout[1].response, declared_response_id="resp_unknown")
+
+    assert named(attribution) == {"response_id": "c2", "item_id": "c2", "content": "c2"}
+    assert not attribution.attributed
+    assert attribution.fallback == FALLBACK_MASK and "Selection stops" in attribution.reason
+
+
+def test_a_declared_response_id_two_calls_served_stops_selection(rollout: list[ModelCallRecord]) -> None:
+    twin = record(CALL, "c1-twin", 3)
+    attribution = resolve_terminal([*rollout, twin], None, declared_response_id=rollout[0].response_id)
+
+    assert verdicts(attribution)["declared"] == "abstained"
+    assert not attribution.attributed and attribution.fallback == FALLBACK_MASK
+
+
+def test_an_explicit_miss_is_soft_and_other_witnesses_still_attribute(rollout: list[ModelCallRecord]) -> None:
+    attribution = resolve_terminal(rollout, rollout[1].response, explicit_call_id="no-such-call")
+
+    assert verdicts(attribution)["explicit"] == "abstained"
+    assert attribution.model_call_id == "c2"
+
+
+def test_with_nothing_declared_and_no_witness_the_single_chain_policy_decides(
+    rollout: list[ModelCallRecord],
+) -> None:
+    attribution = resolve_terminal(rollout, None)
+
+    assert set(verdicts(attribution).values()) == {"silent"}
+    assert not attribution.attributed and attribution.fallback == FALLBACK_SINGLE_CHAIN
+
+
+@pytest.mark.parametrize(
+    "recorded",
+    [f for f in all_fixtures() if f.status == 200],
+    ids=lambda f: f.id,
+)
+def test_every_recorded_response_is_attributed_to_its_call_among_others_without_declarations(
+    recorded: RecordedExchange,
+) -> None:
+    other = fixture("messages/text-basic-sonnet4" if recorded.dialect != "messages" else "chat/text-basic-gpt4o")
+    entries = [captured(other, "aux-1", 0), captured(recorded, "terminal", 1), captured(other, "aux-2", 2)]
+    terminal = entries[1]
+
+    attribution = resolve_terminal(entries, terminal.response)
+
+    assert attribution.model_call_id == "terminal"
+    assert named(attribution)["response_id"] == "terminal"
+    assert set(named(attribution).values()) == {"terminal"}
+
+
+def captured(recorded: RecordedExchange, call_id: str, index: int) -> ModelCallRecord:
+    """The record the capture pipeline writes for a recorded exchange, streams reassembled."""
+    exchange = Exchange(
+        method="POST",
+        path=recorded.request_path,
+        request_body=json.dumps(recorded.request_json).encode(),
+        model_call_id=call_id,
+    )
+    exchange.status_code = recorded.status
+    exchange.response_headers = {"content-type": recorded.content_type}
+    exchange.add_response_chunk(recorded.body_bytes)
+    return ModelCallRecord.from_raw_line(raw_line_from_exchange(exchange), index)
+
+
+# --- entry shapes and custody rows -------------------------------------------------------------
+
+
+def test_record_dicts_and_raw_lines_attribute_like_records(rollout: list[ModelCallRecord]) -> None:
+    as_dicts = [entry.to_dict() for entry in rollout]
+    raw_lines = [
+        {"model_call_id": e.model_call_id, "dialect": e.dialect, "request": e.request, "response": e.response}
+        for e in rollout
+    ]
+    expected = resolve_terminal(rollout, rollout[1].response).to_dict()
+
+    assert resolve_terminal(as_dicts, rollout[1].response).to_dict() == expected
+    assert resolve_terminal(raw_lines, rollout[1].response).to_dict() == expected
+
+
+def test_records_without_payloads_still_answer_to_response_and_tool_call_ids(rollout: list[ModelCallRecord]) -> None:
+    slim = [entry.to_dict(include_payloads=False) for entry in rollout]
+    attribution = resolve_terminal(slim, rollout[0].response)
+
+    assert named(attribution) == {"response_id": "c1", "item_id": "c1"}
+    assert attribution.model_call_id == "c1"
+
+
+def custody_row(entry: ModelCallRecord, key: str, *, digest: str, length: int = 12) -> dict[str, Any]:
+    """A token-free custody row for a call: its tokens live in framework storage under `key`."""
+    assert entry.dialect is not None
+    return {
+        "model_call_id": entry.model_call_id,
+        "staging_key": key,
+        "response_id": entry.response_id,
+        "cumulative_hash": digest,
+        "chain_hash": "chain-" + digest,
+        "cumulative_length": length,
+        "assistant_fingerprint": assistant_fingerprint(entry.response, dialect=entry.dialect),
+        "continuation_fingerprint": continuation_fingerprint(entry.request, entry.response, dialect=entry.dialect),
+    }
+
+
+def test_custody_rows_are_attributed_by_their_precomputed_fingerprints(rollout: list[ModelCallRecord]) -> None:
+    rows = [custody_row(entry, f"stage/{i}", digest=f"h{i}") for i, entry in enumerate(rollout)]
+    tool_output = {"type": "function_call_output", "call_id": "call_nJmCK7SJe3ajdYYplIbH0KgL", "output": "2869461"}
+    transcript = {"output": without_ids([*output_of(rollout[0]), tool_output, *output_of(rollout[1])])}
+
+    attribution = resolve_terminal(rows, transcript)
+
+    assert named(attribution) == {"content": "c2"}
+    assert "cumulative" in next(w for w in attribution.witnesses if w.witness == "content").detail
+
+
+def test_custody_rows_with_the_same_cumulative_hash_collapse_and_different_ones_do_not() -> None:
+    first, second = record(ANSWER, "k-2", 0), record(ANSWER, "k-1", 1, body=reissued(body_of(ANSWER), "-2"))
+    final = {"output": without_ids(output_of(first))}
+
+    same = resolve_terminal([custody_row(first, "s/0", digest="h"), custody_row(second, "s/1", digest="h")], final)
+    different = resolve_terminal(
+        [custody_row(first, "s/0", digest="h"), custody_row(second, "s/1", digest="h2")], final
+    )
+    other_length = resolve_terminal(
+        [custody_row(first, "s/0", digest="h"), custody_row(second, "s/1", digest="h", length=13)], final
+    )
+
+    assert same.model_call_id == "k-1"
+    assert not different.attributed and not other_length.attributed
+
+
+def test_a_custody_row_identifies_only_by_its_staged_hash_never_by_stray_token_arrays() -> None:
+    first, second = record(ANSWER, "k-1", 0), record(ANSWER, "k-2", 1, body=reissued(body_of(ANSWER), "-2"))
+    rows = []
+    for entry, key in ((first, "s/0"), (second, "s/1")):
+        row = custody_row(entry, key, digest="unused")
+        del row["cumulative_hash"], row["chain_hash"]
+        rows.append({**row, "prompt_token_ids": [1, 2], "completion_token_ids": [3]})
+
+    attribution = resolve_terminal(rows, {"output": without_ids(output_of(first))})
+
+    assert verdicts(attribution)["content"] == "abstained"
+
+
+def test_fingerprints_ignore_served_ids_and_argument_formatting(rollout: list[ModelCallRecord]) -> None:
+    body = copy.deepcopy(rollout[0].response)
+    assert body is not None
+    body["output"][0]["arguments"] = '{ "b": 2331,  "a": 1231 }'
+
+    assert assistant_fingerprint(reissued(body, "-x"), dialect="responses") == assistant_fingerprint(
+        rollout[0].response, dialect="responses"
+    )
+    assert assistant_fingerprint({"output": []}, dialect="responses") is None
+
+
+# --- malformed input -----------------------------------------------------------------------------
+
+JUNK_RESPONSES: list[Any] = [
+    None,
+    [],
+    "resp_1",
+    42,
+    {},
+    {"id": 5, "output": "text"},
+    {"output": [None, 1, "x", {"type": 3, "role": ["user"]}, {"type": "message", "content": {"text": 1}}]},
+    {"choices": [None, {"message": "hi"}, {"message": {"tool_calls": [{"function": "f"}, None]}}]},
+    {"content": [{"type": "tool_use", "input": "not json"}, {"type": "text", "text": None}], "id": ""},
+    {"output": [{"type": "function_call", "arguments": "{", "call_id": 7}], "choices": [{"message": {"content": "x"}}]},
+]
+
+
+class _Exploding:
+    """A record-like object whose every field access fails."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(name)
+
+
+JUNK_ENTRIES: list[Any] = [
+    None,
+    5,
+    "calls",
+    {"model_call_id": "x"},
+    [None, 1, "a", {}, {"model_call_id": 3}, _Exploding()],
+    [{"model_call_id": "m", "dialect": "nope", "response": [1], "request": "r", "tool_calls": [1, {"call_id": 2}]}],
+    [{"model_call_id": "m", "staging_key": "s", "cumulative_length": True, "assistant_fingerprint": 1}],
+    [{"model_call_id": "m", "prompt_token_ids": [True], "completion_token_ids": "x", "response_id": ["r"]}],
+]
+
+
+@pytest.mark.parametrize("response", JUNK_RESPONSES, ids=repr)
+@pytest.mark.parametrize("entries", JUNK_ENTRIES, ids=repr)
+def test_malformed_responses_and_entries_never_raise_and_attribute_nothing(entries: Any, response: Any) -> None:
+    attribution = resolve_terminal(entries, response, explicit_call_id=None, declared_response_id=None)
+
+    assert not attribution.attributed
+    json.dumps(attribution.to_dict())
+
+
+def test_malformed_responses_beside_real_calls_never_raise(rollout: list[ModelCallRecord]) -> None:
+    for response in JUNK_RESPONSES:
+        attribution = resolve_terminal(rollout, response)
+        assert not attribution.attributed
+        assert attribution.fallback == FALLBACK_SINGLE_CHAIN
+
+
+def test_a_dialect_that_fails_reads_as_an_abstention(
+    rollout: list[ModelCallRecord], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(response: Any) -> Any:
+        raise RuntimeError("dialect bug")
+
+    monkeypatch.setattr(DIALECTS["responses"], "normalize", broken)
+    attribution = resolve_terminal([entry.to_dict(include_payloads=False) for entry in rollout], body_of(ANSWER))
+
+    assert named(attribution) == {"response_id": "c2"}
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+field_names = st.sampled_from(
+    [
+        "model_call_id",
+        "dialect",
+        "response",
+        "request",
+        "response_id",
+        "tool_calls",
+        "staging_key",
+        "cumulative_hash",
+        "cumulative_length",
+        "assistant_fingerprint",
+        "continuation_fingerprint",
+        "prompt_token_ids",
+        "completion_token_ids",
+        "id",
+        "output",
+        "choices",
+        "content",
+        "call_id",
+        "type",
+        "role",
+    ]
+)
+plausible = st.recursive(
+    json_values,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(field_names | st.text(max_size=4), inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    entries=st.lists(plausible, max_size=4) | plausible,
+    response=plausible,
+    explicit=json_values,
+    declared=json_values,
+)
+def test_arbitrary_json_never_raises_and_stays_consistent(
+    entries: Any, response: Any, explicit: Any, declared: Any
+) -> None:
+    attribution = resolve_terminal(entries, response, explicit, declared)
+
+    data = attribution.to_dict()
+    json.dumps(data)
+    assert data["attributed"] == (data["method"] != "") == (data["model_call_id"] is not None)
+    assert not (attribution.attributed and attribution.contradictions)
+    assert (attribution.fallback is None) == attribution.attributed
+    if attribution.attributed:
+        ids = [e.get("model_call_id") for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+        assert attribution.model_call_id in ids
+
+
+@settings(max_examples=100, deadline=None)
+@given(real=st.sampled_from([CALL, ANSWER, PARALLEL]), response=plausible)
+def test_arbitrary_responses_beside_real_calls_never_raise(real: str, response: Any) -> None:
+    attribution = resolve_terminal([record(real, "real", 0)], response)
+
+    json.dumps(attribution.to_dict())
+    assert attribution.model_call_id in (None, "real")
+
+
+# --- the attachment shape ------------------------------------------------------------------------
+
+
+def test_to_dict_lists_every_witness_in_order_with_its_verdict(rollout: list[ModelCallRecord]) -> None:
+    data = resolve_terminal(rollout, rollout[1].response, explicit_call_id="c1").to_dict()
+
+    assert list(data) == ["model_call_id", "attributed", "method", "reason", "fallback", "witnesses", "contradictions"]
+    assert list(data["witnesses"]) == list(WITNESSES)
+    assert all(set(finding) == {"verdict", "model_call_id", "detail"} for finding in data["witnesses"].values())
+    assert data["contradictions"] == [
+        {"witness": "explicit", "model_call_id": "c1"},
+        {"witness": "response_id", "model_call_id": "c2"},
+        {"witness": "item_id", "model_call_id": "c2"},
+        {"witness": "content", "model_call_id": "c2"},
+    ]
