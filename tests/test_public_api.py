@@ -13,7 +13,7 @@ SPEC_NAMES = {
     "url_path_for_run", "url_path_for_request", "base_url_for_run", "rollout_id_from_run",
     "resolve_model_base_url", "rollout_context", "with_model_sampling_segment", "model_sampling_path_segment",
     "model_sampling_context", "current_model_sampling_segment", "model_sampling_from_run_body",
-    "MODEL_SAMPLING_HEADER", "MODEL_SAMPLING_NULL",
+    "MODEL_SAMPLING_HEADER", "MODEL_SAMPLING_NULL", "resolve_terminal", "TerminalAttribution",
 }
 
 

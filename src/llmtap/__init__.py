@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "ROLLOUT_ID_PATTERN": "llmtap.store",
     "ReadResult": "llmtap.store",
     "StoreError": "llmtap.errors",
+    "TerminalAttribution": "llmtap.rollouts.terminal",
     "aggregate_model_call_metrics": "llmtap.readers",
     "base_url_for_run": "llmtap.correlation",
     "current_model_sampling_segment": "llmtap.sampling",
@@ -52,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     "resolve_model_base_url": "llmtap.correlation",
     "rollout_context": "llmtap.correlation",
     "rollout_id_from_run": "llmtap.correlation",
+    "resolve_terminal": "llmtap.rollouts.terminal",
     "rollout_id_from_run_body": "llmtap.correlation",
     "url_path_for_request": "llmtap.correlation",
     "url_path_for_run": "llmtap.correlation",
@@ -90,6 +92,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .exchange import Exchange
     from .readers import aggregate_model_call_metrics, read_model_call_records, read_rollout_calls
     from .records import ModelCallRecord
+    from .rollouts.terminal import TerminalAttribution, resolve_terminal
     from .sampling import (
         MODEL_SAMPLING_HEADER,
         MODEL_SAMPLING_NULL,
