@@ -194,3 +194,28 @@ def test_concurrent_rollouts_land_in_their_own_files(proxy: tuple[str, CaptureSt
     for rollout in store.rollouts():
         records = read_model_call_records(store, rollout)
         assert len(records) == 6 and all(r.error_category is None for r in records)
+
+
+def test_configured_key_is_sent_upstream_and_never_stored(
+    replay_upstream: ReplayUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLMTAP_TEST_UPSTREAM_KEY", "sk-ant-configured-secret")
+    name = "messages/text-basic-sonnet4"
+    with serving(replay_upstream.base_url, tmp_path,
+                 upstream={"api_key_env": "LLMTAP_TEST_UPSTREAM_KEY", "auth": "x-api-key"}) as (server, _):
+        anthropic_sync(f"{server.base_url}/ng-rollout/key", name)
+    [received] = replay_upstream.received
+    assert received.headers["x-api-key"] == "sk-ant-configured-secret"
+    stored = CaptureStore(tmp_path).path_for("key").read_text()
+    assert "sk-ant-configured-secret" not in stored and "sk-ant-test" not in stored
+
+
+def test_upstreams_are_chosen_by_dialect(replay_upstream: ReplayUpstream, tmp_path: Path) -> None:
+    with serving("http://127.0.0.1:9", tmp_path, upstreams={
+        "default": {"base_url": "http://127.0.0.1:9", "model_ref": {"type": "x", "name": "unreachable"}},
+        "claude": {"base_url": replay_upstream.base_url, "dialects": ["messages"],
+                   "model_ref": {"type": "responses_api_models", "name": "claude"}},
+    }) as (server, _):
+        anthropic_sync(f"{server.base_url}/ng-rollout/route", "messages/tool-use-sonnet4")
+    [record] = read_model_call_records(CaptureStore(tmp_path), "route")
+    assert record.status_code == 200 and record.model_ref == {"type": "responses_api_models", "name": "claude"}

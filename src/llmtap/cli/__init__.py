@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .. import __version__
+from .demo import demo
 from .records import records
 from .serve import serve
 
@@ -17,5 +18,6 @@ def main() -> None:
     """Record every model call an agent or RL rollout makes, as evidence you can trust."""
 
 
+main.add_command(demo)
 main.add_command(records)
 main.add_command(serve)
