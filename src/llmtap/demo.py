@@ -119,7 +119,8 @@ def _stream_turn(client: Any, messages: list[dict[str, Any]], **options: Any) ->
                 if tool_call.function is not None:
                     slot["name"] = tool_call.function.name or slot["name"]
                     slot["arguments"] += tool_call.function.arguments or ""
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+    # Always a string: llama.cpp's chat templates reject an assistant message without content.
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
     if calls:
         message["tool_calls"] = [
             {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
@@ -132,7 +133,8 @@ def run_tool_agent(proxy_url: str, rollout_id: str, question: tuple[int, int]) -
     """A small agent: ask, force a tool call, run the tool, feed the result back, get the answer.
 
     Every model call goes through `proxy_url` under the rollout's `/ng-rollout/` prefix, made by
-    the real `openai` SDK, streamed.
+    the real `openai` SDK: two streamed turns (the forced tool call, the answer to its result)
+    and a last non-streamed one.
     """
     import openai
 
@@ -156,8 +158,10 @@ def run_tool_agent(proxy_url: str, rollout_id: str, question: tuple[int, int]) -
         final = _stream_turn(client, messages, max_tokens=40)
         messages.append(final)
         messages.append({"role": "user", "content": "Say that answer again in one short sentence."})
-        again = _stream_turn(client, messages, max_tokens=32)
-        run.answer = (again.get("content") or final.get("content") or "").strip()
+        # One call without streaming: llama.cpp reports usage only there, so the record shows
+        # real token counts beside the streamed calls' unknown (null, never 0) ones.
+        again = client.chat.completions.create(model="gemma", messages=messages, max_tokens=32)
+        run.answer = (again.choices[0].message.content or final["content"]).strip()
     return run
 
 

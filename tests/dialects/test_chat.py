@@ -591,3 +591,15 @@ def test_junk_events_mixed_into_a_stream_are_counted_and_change_nothing_else(
     whole = assemble(body)
     assert (assembler.result(), assembler.terminal) == (whole.result(), whole.terminal)
     assert assembler.malformed_events == len(inserts)
+
+
+def test_legacy_function_call_mirroring_a_tool_call_is_not_a_second_call() -> None:
+    # llama.cpp's server sends both fields for one forced tool call, in streams and in bodies.
+    message = {
+        "role": "assistant",
+        "content": None,
+        "function_call": {"name": "add", "arguments": '{"a": 1, "b": 2}'},
+        "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}],
+    }
+    normalized = ChatDialect().normalize({"id": "x", "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]})
+    assert [(call.call_id, call.name, call.arguments) for call in normalized.tool_calls] == [("call_0", "add", {"a": 1, "b": 2})]

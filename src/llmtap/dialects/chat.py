@@ -489,7 +489,7 @@ def _first_count(*values: Any) -> int | None:
 
 
 def _tool_calls_of(message: dict[str, Any], choice_index: int) -> list[ToolCall]:
-    """Every tool call of one message: `tool_calls` entries, then a legacy `function_call`."""
+    """Every tool call of one message: its `tool_calls` entries, or else a legacy `function_call`."""
     found: list[ToolCall] = []
     tool_calls = message.get("tool_calls")
     for call in tool_calls if isinstance(tool_calls, list) else []:
@@ -506,7 +506,9 @@ def _tool_calls_of(message: dict[str, Any], choice_index: int) -> list[ToolCall]
             name, arguments = as_str(function.get("name")), parse_arguments(function.get("arguments"))
         found.append(ToolCall(as_str(call.get("id")), name, arguments, type=kind, choice_index=choice_index))
     function_call = message.get("function_call")
-    if isinstance(function_call, dict):
+    # Some servers (llama.cpp) mirror the first tool call into the legacy field too: it is the
+    # same call, not another one. OpenAI sends one field or the other, never both.
+    if isinstance(function_call, dict) and not found:
         name = as_str(function_call.get("name"))
         arguments = parse_arguments(function_call.get("arguments"))
         found.append(ToolCall(None, name, arguments, choice_index=choice_index))
