@@ -3,8 +3,10 @@
     LlmtapError
     ├── ConfigError            a configuration value is missing or invalid
     ├── InvalidRolloutIdError  a rollout id fails the one id pattern (also a ValueError)
-    └── StoreError             the capture store could not be read or written
-        └── CaptureRecordError a persisted line is damaged (also a ValueError); keeps path and line number
+    ├── StoreError             the capture store could not be read or written
+    │   └── CaptureRecordError a persisted line is damaged (also a ValueError); keeps path and line number
+    └── LocalModelError        the local model server could not start (llmtap.localmodel)
+        └── MissingLocalModelError  its packages are not installed (also an ImportError)
 
 Capture code never raises into the workload: it categorises, counts and logs once instead.
 These errors are for readers, commands and configuration, where the caller must hear about it.

@@ -27,8 +27,8 @@ def serving(upstream_url: str, capture_dir: Path | None, **settings: Any) -> Ite
     )
     health = CaptureHealth()
     store = CaptureStore(capture_dir) if capture_dir is not None else None
-    server = ServerThread(build_app(config, store=store, health=health))
-    server._server.config.lifespan = "on"  # the proxy closes its upstream connection pool at shutdown
+    # lifespan on: the proxy closes its upstream connection pool at shutdown.
+    server = ServerThread(build_app(config, store=store, health=health), lifespan="on")
     with server.start():
         yield server, health
     if store is not None:

@@ -90,8 +90,7 @@ def _load_example() -> Any:
 
 def test_llama_cpp_app_wrapped_in_process_captures_the_same_way(local_model: LocalModelServer, tmp_path: Path) -> None:
     app = _load_example().build_app(str(local_model.model_path), str(tmp_path))
-    server = ServerThread(app)
-    server._server.config.lifespan = "on"
+    server = ServerThread(app, lifespan="on")
     with server.start():
         with openai.OpenAI(base_url=f"{server.base_url}/ng-rollout/inproc/v1", api_key="u", max_retries=0) as client:
             completion = client.chat.completions.create(**ASK)

@@ -44,12 +44,12 @@ class ServerThread:
     joins the thread; it is idempotent and also runs on leaving a `with` block.
     """
 
-    def __init__(self, app: ASGIApp, *, port: int = 0, graceful_timeout: int = 1) -> None:
+    def __init__(self, app: ASGIApp, *, port: int = 0, graceful_timeout: int = 1, lifespan: str = "off") -> None:
         self._socket = bound_socket(port)
         self.port: int = self._socket.getsockname()[1]
         config = uvicorn.Config(
             app,
-            lifespan="off",
+            lifespan=lifespan,
             ws="none",
             log_level="warning",
             access_log=False,
