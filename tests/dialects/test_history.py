@@ -1,0 +1,184 @@
+"""Model-visible history items read from every recorded request and response."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmtap.dialects.history import (
+    HISTORY_ITEM_KEYS,
+    HISTORY_ITEM_TYPES,
+    continued_response_id,
+    item_fingerprint,
+    request_items,
+    response_items,
+)
+from llmtap.exchange import Exchange
+from llmtap.records import raw_line_from_exchange
+from tests.fixtures import RecordedExchange, all_fixtures, fixture
+
+# Recorded follow-up requests that replay an earlier recorded call's input and output.
+RECORDED_CHAINS = [
+    ("chat/tool-call-gpt4o", "chat/tool-result-followup-gpt4o"),
+    ("messages/tool-use-sonnet4", "messages/tool-result-followup-sonnet4"),
+    ("messages/thinking-tool-use-sonnet4", "messages/thinking-replay-request-sonnet4"),
+    ("responses/function-call-gpt55", "responses/function-call-output-followup-gpt55"),
+]
+
+
+def reassembled_response(recorded: RecordedExchange) -> Any:
+    """The response object the capture pipeline stores (streams reassembled)."""
+    exchange = Exchange(method="POST", path=recorded.request_path, model_call_id="c")
+    exchange.status_code = recorded.status
+    exchange.response_headers = {"content-type": recorded.content_type}
+    exchange.add_response_chunk(recorded.body_bytes)
+    return raw_line_from_exchange(exchange)["response"]
+
+
+def assert_well_formed(items: list[dict[str, Any]]) -> None:
+    for item in items:
+        assert set(HISTORY_ITEM_KEYS) <= set(item)
+        assert item["type"] in HISTORY_ITEM_TYPES
+        assert item["text"] is None or isinstance(item["text"], str)
+        assert item["arguments"] is None or isinstance(item["arguments"], dict)
+
+
+@pytest.mark.parametrize("recorded", all_fixtures(), ids=lambda f: f.id)
+def test_every_recorded_request_reads_into_well_formed_items(recorded: RecordedExchange) -> None:
+    items = request_items(recorded.dialect, recorded.request_json)
+
+    assert items is not None
+    assert_well_formed(items)
+
+
+@pytest.mark.parametrize(
+    "recorded", [f for f in all_fixtures() if f.status == 200 and f.id != "messages/refusal-stream-fable51"], ids=lambda f: f.id
+)
+def test_every_successful_recorded_response_has_model_output(recorded: RecordedExchange) -> None:
+    items = response_items(recorded.dialect, reassembled_response(recorded))
+
+    assert items
+    assert_well_formed(items)
+
+
+@pytest.mark.parametrize(("first", "follow_up"), RECORDED_CHAINS)
+def test_a_recorded_follow_up_request_starts_with_the_earlier_input_and_output(first: str, follow_up: str) -> None:
+    earlier = fixture(first)
+    context = (request_items(earlier.dialect, earlier.request_json) or []) + (
+        response_items(earlier.dialect, reassembled_response(earlier)) or []
+    )
+    later = request_items(fixture(follow_up).dialect, fixture(follow_up).request_json) or []
+
+    assert [item_fingerprint(item) for item in later[: len(context)]] == [item_fingerprint(item) for item in context]
+    assert later[len(context)]["type"] == "tool_result"
+
+
+def test_a_tool_result_names_the_call_it_answers() -> None:
+    call = response_items("chat", reassembled_response(fixture("chat/tool-call-gpt4o")))
+    follow_up = request_items("chat", fixture("chat/tool-result-followup-gpt4o").request_json)
+
+    assert call is not None and follow_up is not None
+    assert follow_up[-1] == {
+        "role": "tool",
+        "type": "tool_result",
+        "text": "40 C",
+        "call_id": call[0]["call_id"],
+        "name": None,
+        "arguments": None,
+    }
+    assert call[0]["name"] == "weather" and isinstance(call[0]["arguments"], dict)
+
+
+def test_a_messages_tool_result_flagged_as_error_says_so() -> None:
+    request = {
+        "messages": [
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "boom", "is_error": True}]}
+        ]
+    }
+
+    assert request_items("messages", request) == [
+        {"role": "tool", "type": "tool_result", "text": "boom", "call_id": "toolu_1", "name": None, "arguments": None, "is_error": True}
+    ]
+
+
+def test_responses_instructions_and_string_input_become_system_and_user_messages() -> None:
+    items = request_items("responses", fixture("responses/text-stream-gpt4o-mini").request_json)
+
+    assert items is not None
+    assert [(item["role"], item["type"], item.get("provider_type")) for item in items] == [
+        ("system", "message", "instructions"),
+        ("user", "message", None),
+    ]
+    assert items[1]["text"] == fixture("responses/text-stream-gpt4o-mini").request_json["input"]
+
+
+def test_only_a_responses_request_continues_a_previous_response() -> None:
+    recorded = fixture("responses/previous-response-id-function-call-gpt41")
+
+    assert continued_response_id("responses", recorded.request_json) == recorded.request_json["previous_response_id"]
+    assert continued_response_id("responses", fixture("responses/text-basic-gpt55").request_json) is None
+    assert continued_response_id("chat", {"previous_response_id": "resp_1"}) is None
+
+
+def test_images_are_listed_by_type_and_their_text_kept() -> None:
+    items = request_items("chat", fixture("chat/image-input-stream-gpt4o").request_json)
+
+    assert items is not None
+    assert items[0]["non_text_parts"] == ["image_url"]
+    assert items[0]["text"] == fixture("chat/image-input-stream-gpt4o").request_json["messages"][0]["content"][0]["text"]
+
+
+def test_several_chat_choices_keep_their_index() -> None:
+    items = response_items("chat", reassembled_response(fixture("chat/n2-choices-gpt4o-mini")))
+
+    assert items is not None
+    assert [item["choice_index"] for item in items] == [0, 1]
+
+
+def test_redacted_thinking_is_reasoning_without_text() -> None:
+    items = response_items("messages", reassembled_response(fixture("messages/redacted-thinking-sonnet45")))
+
+    assert items is not None
+    assert items[0]["type"] == "reasoning"
+    assert items[0]["text"] is None and items[0]["encrypted"] is True
+
+
+def test_an_error_body_has_no_model_output() -> None:
+    assert response_items("chat", reassembled_response(fixture("chat/error-401-invalid-api-key"))) is None
+
+
+def test_unknown_dialects_and_shapes_are_unknown_not_empty() -> None:
+    assert request_items("gemini", {"contents": []}) is None
+    assert request_items("chat", ["not", "an", "object"]) is None
+    assert request_items("chat", {"model": "x"}) is None
+    assert response_items("responses", {"id": "resp_1"}) is None
+
+
+def test_fingerprints_compare_the_six_keys_only() -> None:
+    base = {"role": "user", "type": "message", "text": "hi", "call_id": None, "name": None, "arguments": None}
+
+    assert item_fingerprint(base) == item_fingerprint({**base, "provider_type": "instructions"})
+    assert item_fingerprint(base) != item_fingerprint({**base, "text": "hi!"})
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.sampled_from(
+        ["role", "type", "content", "text", "input", "output", "messages", "choices", "message", "tool_calls",
+         "function", "arguments", "call_id", "id", "name", "summary", "system", "instructions", "tool_use_id",
+         "refusal", "reasoning_content", "index", "previous_response_id", "custom", "action", "is_error"]
+    ), children, max_size=6),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(dialect=st.sampled_from(["responses", "chat", "messages"]), payload=JSON)
+def test_any_json_reads_without_raising_into_well_formed_items(dialect: str, payload: Any) -> None:
+    for items in (request_items(dialect, payload), response_items(dialect, payload)):
+        if items is not None:
+            assert_well_formed(items)
+    continued_response_id(dialect, payload)
