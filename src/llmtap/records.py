@@ -12,7 +12,7 @@ import binascii
 import math
 import uuid
 import zlib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping
 
 import orjson
@@ -447,12 +447,13 @@ class ModelCallRecord:
         return record
 
     def to_dict(self, *, include_payloads: bool = True) -> dict[str, Any]:
-        """Return the record as JSON-able data, with or without the request/response payloads."""
-        data = asdict(self)
-        if not include_payloads:
-            for name in PAYLOAD_FIELDS:
-                data.pop(name, None)
-        return data
+        """Return the record as JSON-able data, with or without the request/response payloads.
+
+        Shallow: nested values (payloads, tool calls) are shared with the record, not copied, so
+        serializing a rollout's records costs no deep copies. Treat the result as read-only.
+        """
+        names = _RECORD_FIELDS if include_payloads else _FIELDS_WITHOUT_PAYLOADS
+        return {name: getattr(self, name) for name in names}
 
     @property
     def is_error(self) -> bool:
@@ -470,6 +471,8 @@ def _normalize(dialect: Dialect | None, response: dict[str, Any] | None) -> Norm
 
 
 RECORD_FIELDS = tuple(f.name for f in fields(ModelCallRecord))
+_RECORD_FIELDS = RECORD_FIELDS
+_FIELDS_WITHOUT_PAYLOADS = tuple(name for name in RECORD_FIELDS if name not in PAYLOAD_FIELDS)
 
 _SUMMED = ("tokens_in", "tokens_out", "tokens_reasoning", "tokens_total", "cached_tokens", "cache_creation_tokens")
 

@@ -94,7 +94,7 @@ def test_attachment_carries_id_metrics_and_calls_without_payloads_and_no_gaps_ke
 
     attachment = attach_rollout(row_for(), store)[CAPTURE_KEY]
 
-    assert set(attachment) == {"rollout_id", "metrics", "calls"}
+    assert set(attachment) == {"rollout_id", "metrics", "calls", "attribution"}
     assert attachment["rollout_id"] == "3-1"
     assert [call["call_index"] for call in attachment["calls"]] == [0, 1]
     assert all(not PAYLOAD_KEYS & set(call) for call in attachment["calls"])
@@ -363,3 +363,35 @@ def test_attach_file_refuses_a_capture_directory_that_does_not_exist(tmp_path: P
 
     with pytest.raises(StoreError, match="does not exist"):
         attach_file(source, tmp_path / "out.jsonl", tmp_path / "missing")
+
+
+def test_attachment_names_the_call_whose_response_the_agent_returned(tmp_path: Path) -> None:
+    from llmtap.exchange import Exchange
+    from llmtap.records import raw_line_from_exchange
+    from tests.fixtures import fixture as recorded_fixture
+
+    store = CaptureStore(tmp_path)
+    ids = []
+    for name in ("chat/tool-call-gpt4o", "chat/tool-result-followup-gpt4o"):
+        recorded = recorded_fixture(name)
+        exchange = Exchange(method="POST", path=recorded.request_path, request_body=json.dumps(recorded.request_json).encode())
+        exchange.status_code = 200
+        exchange.response_headers = {"content-type": recorded.content_type}
+        exchange.add_response_chunk(recorded.body_bytes)
+        line = raw_line_from_exchange(exchange)
+        ids.append(line["model_call_id"])
+        store.append("0-0", line)
+    final = json.loads(recorded_fixture("chat/tool-result-followup-gpt4o").body_text)
+    row = attach_rollout({"_ng_task_index": 0, "_ng_rollout_index": 0, "response": final, "reward": 1.0}, store)
+    attribution = row["ng_model_call_capture"]["attribution"]
+    assert attribution["attributed"] and attribution["model_call_id"] == ids[1]
+    assert "response_id" in attribution["method"]
+    assert row["reward"] == 1.0 and row["response"] == final
+
+
+def test_explicit_terminal_call_key_is_used(tmp_path: Path) -> None:
+    store = CaptureStore(tmp_path)
+    row = attach_rollout({"_ng_rollout_id": "x", "_ng_terminal_model_call_id": "nope"}, store)
+    attribution = row["ng_model_call_capture"]["attribution"]
+    assert not attribution["attributed"]
+    assert attribution["witnesses"]["explicit"]["verdict"] == "abstained"

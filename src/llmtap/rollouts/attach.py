@@ -31,7 +31,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +41,11 @@ from pydantic import ValidationError
 from llmtap.correlation import rollout_id_from_run_body
 from llmtap.errors import StoreError
 from llmtap.readers import RolloutCalls, read_rollout_calls
-from llmtap.records import PAYLOAD_FIELDS, ModelCallRecord, aggregate_metrics
+from llmtap.records import ModelCallRecord, aggregate_metrics
 from llmtap.store import CaptureStore
 
 from .observations import OBSERVATIONS_KEY, AgentObservations, join_model_call_observations
+from .terminal import resolve_terminal
 from .trajectory import TRAJECTORY_KEY, TrajectoryOptions, project_trajectory
 
 __all__ = [
@@ -60,6 +61,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 CAPTURE_KEY = "ng_model_call_capture"
+# Row keys an agent may set in its /run result to name its terminal call (the explicit witness)
+# or the response id it kept (the declared witness); see rollouts/terminal.py.
+TERMINAL_CALL_KEY = "_ng_terminal_model_call_id"
+DECLARED_RESPONSE_KEY = "_ng_terminal_response_id"
 
 _MAX_LISTED_BAD_LINES = 100
 _MAX_LOGGED_BAD_LINES = 10
@@ -121,15 +126,8 @@ def capture_attachment(
     return attachment
 
 
-_RECORD_FIELDS = tuple(record_field.name for record_field in fields(ModelCallRecord))
-_FIELDS_WITHOUT_PAYLOADS = tuple(name for name in _RECORD_FIELDS if name not in PAYLOAD_FIELDS)
-
-
 def _call_dict(record: ModelCallRecord, include_payloads: bool) -> dict[str, Any]:
-    """`record.to_dict(...)`, without its deep copy: `dataclasses.asdict` copies the payloads it
-    then drops, which was most of the attachment's time; the row is serialized right away."""
-    names = _RECORD_FIELDS if include_payloads else _FIELDS_WITHOUT_PAYLOADS
-    return {name: getattr(record, name) for name in names}
+    return record.to_dict(include_payloads=include_payloads)
 
 
 def _rollout_id(row: Mapping[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
@@ -176,6 +174,13 @@ def attach_rollout(
             records = calls.records
             gaps.extend(capture_gaps(calls))
     result = dict(row)
+    # Which captured call earned the reward: the one whose response the agent returned.
+    attribution = resolve_terminal(
+        records,
+        row.get("response"),
+        explicit_call_id=_optional_str(row.get(TERMINAL_CALL_KEY)),
+        declared_response_id=_optional_str(row.get(DECLARED_RESPONSE_KEY)),
+    )
     trajectory_gaps = list(gaps)
     observations = _joined_observations(row, records, gaps, trajectory_gaps)
     if observations is not None:
@@ -189,6 +194,7 @@ def attach_rollout(
                 rollout_id=rollout_id,
                 observations=observations,
                 capture_gaps=trajectory_gaps,
+                terminal_model_call_id=attribution.model_call_id,
                 options=TrajectoryOptions(
                     include_payloads=not options.keep_payloads_out,
                     resolved_reward_threshold=options.resolved_reward_threshold,
@@ -199,8 +205,14 @@ def attach_rollout(
             result.pop(TRAJECTORY_KEY, None)
             gaps.append(_gap("trajectory_projection_failed", type(exc).__name__))
             payloads_on_calls = not options.keep_payloads_out
-    result[CAPTURE_KEY] = capture_attachment(rollout_id, records, gaps, include_payloads=payloads_on_calls)
+    attachment = capture_attachment(rollout_id, records, gaps, include_payloads=payloads_on_calls)
+    attachment["attribution"] = attribution.to_dict()
+    result[CAPTURE_KEY] = attachment
     return result
+
+
+def _optional_str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _joined_observations(
