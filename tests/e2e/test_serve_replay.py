@@ -219,3 +219,24 @@ def test_upstreams_are_chosen_by_dialect(replay_upstream: ReplayUpstream, tmp_pa
         anthropic_sync(f"{server.base_url}/ng-rollout/route", "messages/tool-use-sonnet4")
     [record] = read_model_call_records(CaptureStore(tmp_path), "route")
     assert record.status_code == 200 and record.model_ref == {"type": "responses_api_models", "name": "claude"}
+
+
+def test_two_serve_instances_share_one_capture_directory(replay_upstream: ReplayUpstream, tmp_path: Path) -> None:
+    name = "chat/text-stream-include-usage-gpt4"
+    with serving(replay_upstream.base_url, tmp_path) as (first, _), serving(replay_upstream.base_url, tmp_path) as (second, _):
+
+        async def one(i: int) -> None:
+            base = (first if i % 2 else second).base_url
+            async with openai.AsyncOpenAI(base_url=f"{base}/ng-rollout/shared/v1", api_key="k", max_retries=0,
+                                          default_headers=_headers(name)) as client:
+                async for _ in await client.chat.completions.create(**fixture(name).request_json):
+                    pass
+
+        async def all_of_them() -> None:
+            await asyncio.gather(*(one(i) for i in range(20)))
+
+        asyncio.run(all_of_them())
+    records = read_model_call_records(CaptureStore(tmp_path), "shared")
+    assert len(records) == 20 and len({r.model_call_id for r in records}) == 20
+    assert [r.call_index for r in records] == list(range(20))
+    assert all(r.error_category is None and not r.stream_truncated for r in records)

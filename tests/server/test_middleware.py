@@ -257,3 +257,14 @@ async def test_non_http_scopes_pass_straight_through(store: CaptureStore) -> Non
 
     await middleware(app, store)({"type": "lifespan"}, None, None)  # type: ignore[arg-type]
     assert calls == ["lifespan"]
+
+
+async def test_required_sampling_refuses_a_call_without_a_segment_and_records_it(store: CaptureStore) -> None:
+    recorded = fixture("chat/text-basic-gpt4o")
+    bodies: list[bytes] = []
+    app = middleware(replaying_app(recorded, bodies=bodies), store, require_sampling=True)
+    refused = await call_app(app, http_scope("/ng-rollout/rq/v1/chat/completions"), request_body(recorded))
+    allowed = await call_app(app, http_scope("/ng-rollout/rq/ng-sampling/null/v1/chat/completions"), request_body(recorded))
+    assert refused.status == 400 and b"requires each generation call" in refused.body
+    assert allowed.status == 200 and len(bodies) == 1
+    assert [r.status_code for r in read_model_call_records(store, "rq")] == [400, 200]

@@ -79,6 +79,9 @@ class ServeConfig(BaseModel):
     upstreams: dict[str, UpstreamConfig] = Field(default_factory=dict)
     default_upstream: str | None = None
     sampling_overrides: dict[str, Any] | None = None
+    # True for a server a training framework lists in `required_model_servers`: prefixed
+    # generation calls without an /ng-sampling/ segment (or x-ng-sampling header) get a 400.
+    require_model_sampling: bool = False
     log_level: str = "warning"
 
     @model_validator(mode="after")

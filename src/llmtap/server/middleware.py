@@ -65,8 +65,12 @@ class CaptureMiddleware:
         sampling_overrides: Mapping[str, Any] | None = None,
         provider: str | None = None,
         health: CaptureHealth | None = None,
+        require_sampling: bool = False,
     ) -> None:
         self.app = app
+        # A server a training framework lists in `required_model_servers`: every prefixed
+        # generation call must say its sampling (values or `null`), or it is refused.
+        self.require_sampling = require_sampling
         self.store = store
         self.model_ref = dict(model_ref) if model_ref is not None else None
         self.sampling_overrides = dict(sampling_overrides) if sampling_overrides else None
@@ -156,6 +160,13 @@ class _CapturedCall:
     ) -> Receive:
         """Tee the request body; when sampling applies, read it whole and rewrite it first."""
         overrides = self.owner.sampling_overrides
+        if segment is None and header_segment is None and self.owner.require_sampling:
+            await _read_body(receive, self)
+            raise _RejectedRequest(
+                "This model server requires each generation call to carry its sampling: add "
+                f"/ng-sampling/<segment> after the rollout prefix, or the {MODEL_SAMPLING_HEADER} header "
+                "(the value `null` keeps the caller's own sampling)."
+            )
         if segment is None and header_segment is None and not overrides:
             return self._wrap_receive(receive)
         body = await _read_body(receive, self)

@@ -283,4 +283,5 @@ def build_app(
         provider=default.provider,
         sampling_overrides=config.sampling_overrides,
         health=health,
+        require_sampling=config.require_model_sampling,
     )
