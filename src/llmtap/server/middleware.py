@@ -127,6 +127,7 @@ class _CapturedCall:
         self.finished = False
         self.client_gone = False
         self.content_length: int | None = None
+        self.body_length = 0
 
     async def run(
         self,
@@ -215,6 +216,7 @@ class _CapturedCall:
                 return
             body = message.get("body", b"")
             self.exchange.add_response_chunk(body)
+            self.body_length += len(body)
             if message.get("more_body", False):
                 if self.held or self._is_terminal(body) or self._completes_body():
                     self.held.append(message)
@@ -242,9 +244,7 @@ class _CapturedCall:
 
     def _completes_body(self) -> bool:
         """True when the bytes so far reach the declared content-length: the client is done then."""
-        if self.content_length is None:
-            return False
-        return sum(len(chunk) for _, chunk in self.exchange.response_chunks) >= self.content_length
+        return self.content_length is not None and self.body_length >= self.content_length
 
     async def _send(self, send: Send, message: Message) -> None:
         try:
