@@ -268,3 +268,15 @@ async def test_required_sampling_refuses_a_call_without_a_segment_and_records_it
     assert refused.status == 400 and b"requires each generation call" in refused.body
     assert allowed.status == 200 and len(bodies) == 1
     assert [r.status_code for r in read_model_call_records(store, "rq")] == [400, 200]
+
+
+async def test_sampling_segment_without_rollout_prefix_is_applied_and_not_captured(store: CaptureStore) -> None:
+    recorded = fixture("chat/text-basic-gpt4o")
+    bodies: list[bytes] = []
+    seen: list[Scope] = []
+    app = middleware(replaying_app(recorded, bodies=bodies, seen=seen), store)
+    segment = encode_model_sampling(ModelCallSampling(top_p=0.5))
+    sent = await call_app(app, http_scope(f"/ng-sampling/{segment}/v1/chat/completions"), request_body(recorded))
+    assert sent.status == 200 and seen[0]["path"] == "/v1/chat/completions"
+    assert json.loads(bodies[0])["top_p"] == 0.5
+    assert store.rollouts() == []

@@ -78,7 +78,7 @@ class CaptureMiddleware:
         self.health = health or HEALTH
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(ROLLOUT_PREFIX):
+        if scope["type"] != "http" or not scope["path"].startswith(_CORRELATION_PREFIXES):
             await self.app(scope, receive, send)
             return
         try:
@@ -102,6 +102,11 @@ class CaptureMiddleware:
         call = _CapturedCall(self, inner_scope, rollout_id, dialect)
         call.scope[EXCHANGE_SCOPE_KEY] = call.exchange
         await call.run(receive, send, segment, header_segment, segment_error)
+
+
+# A call is correlated by a rollout prefix, and may carry a sampling segment after it, or alone
+# (a run whose rows carry sampling values but no rollout id): both are stripped before routing.
+_CORRELATION_PREFIXES = (ROLLOUT_PREFIX, MODEL_SAMPLING_PREFIX)
 
 
 class _CapturedCall:
