@@ -228,15 +228,21 @@ def raw_line_from_exchange(
     return line
 
 
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    """The body parsed, when it is a JSON object; None for anything else."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
 def _read_request(exchange: Exchange, line: dict[str, Any]) -> None:
     body = exchange.request_body
     if not body:
         return
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        parsed = None
-    if isinstance(parsed, dict):
+    parsed = _json_object(body)
+    if parsed is not None:
         line["request"] = parsed
     else:
         line.update(_text_fields("request_raw", body))
@@ -264,11 +270,8 @@ def _read_response(
         return outcome.response is None and bool(body.strip()), outcome.terminal, True
     if not body:
         return False, None, False
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        parsed = None
-    if isinstance(parsed, dict):
+    parsed = _json_object(body)
+    if parsed is not None:
         line["response"] = parsed
         return False, None, False
     line.update(_text_fields("response_raw", body))
