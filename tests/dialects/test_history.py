@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmtap.dialects import DIALECTS
 from llmtap.dialects.history import (
     HISTORY_ITEM_KEYS,
     HISTORY_ITEM_TYPES,
@@ -15,6 +16,8 @@ from llmtap.dialects.history import (
     item_fingerprint,
     request_items,
     response_items,
+    response_outputs,
+    served_response_id,
 )
 from llmtap.exchange import Exchange
 from llmtap.records import raw_line_from_exchange
@@ -182,3 +185,119 @@ def test_any_json_reads_without_raising_into_well_formed_items(dialect: str, pay
         if items is not None:
             assert_well_formed(items)
     continued_response_id(dialect, payload)
+
+
+# --- served ids, per-choice outputs, hosted tools ---------------------------------------------
+
+
+def test_responses_items_carry_the_id_the_server_gave_their_item() -> None:
+    response = reassembled_response(fixture("responses/parallel-function-calls-gpt4o"))
+    items = response_items("responses", response)
+
+    assert items is not None and len(items) == len(response["output"])
+    assert [item["item_id"] for item in items] == [entry["id"] for entry in response["output"]]
+    assert [item["call_id"] for item in items] == [entry["call_id"] for entry in response["output"]]
+
+
+def test_a_messages_response_gives_every_item_its_message_id_and_a_request_gives_none() -> None:
+    recorded = fixture("messages/tool-use-sonnet4")
+    response = reassembled_response(recorded)
+    output = response_items("messages", response)
+    replayed = request_items("messages", fixture("messages/tool-result-followup-sonnet4").request_json)
+
+    assert output and {item.get("item_id") for item in output} == {response["id"]}
+    assert replayed and all("item_id" not in item for item in replayed)
+
+
+def test_chat_items_have_no_item_id_because_chat_serves_none() -> None:
+    items = response_items("chat", reassembled_response(fixture("chat/tool-call-gpt4o")))
+
+    assert items and all("item_id" not in item for item in items)
+
+
+def test_served_ids_do_not_change_an_items_fingerprint() -> None:
+    items = response_items("responses", reassembled_response(fixture("responses/function-call-gpt55")))
+
+    assert items
+    for item in items:
+        assert item_fingerprint(item) == item_fingerprint({k: v for k, v in item.items() if k != "item_id"})
+
+
+def test_response_outputs_keep_chat_choices_apart_and_flatten_to_response_items() -> None:
+    response = reassembled_response(fixture("chat/n2-choices-gpt4o-mini"))
+    outputs = response_outputs("chat", response)
+
+    assert outputs is not None and len(outputs) == len(response["choices"]) == 2
+    assert [[item["choice_index"] for item in output] for output in outputs] == [[0], [1]]
+    assert [item for output in outputs for item in output] == response_items("chat", response)
+
+
+def test_response_outputs_are_one_output_for_single_answer_dialects_and_none_when_unknown() -> None:
+    for name in ("responses/function-call-gpt55", "messages/tool-use-sonnet4", "chat/text-basic-gpt4o"):
+        recorded = fixture(name)
+        outputs = response_outputs(recorded.dialect, reassembled_response(recorded))
+        assert outputs is not None and len(outputs) == 1
+    assert response_outputs("gemini", {"candidates": []}) is None
+    assert response_outputs("responses", {"id": "resp_1"}) is None
+
+
+@pytest.mark.parametrize(
+    "recorded", [f for f in all_fixtures() if f.status == 200 and not f.is_stream], ids=lambda f: f.id
+)
+def test_served_response_id_reads_the_id_of_every_dialects_response(recorded: RecordedExchange) -> None:
+    response = reassembled_response(recorded)
+
+    assert served_response_id(response) == response["id"]
+
+
+def test_served_response_id_is_none_without_an_agreed_id() -> None:
+    assert served_response_id(None) is None
+    assert served_response_id(["resp_1"]) is None
+    assert served_response_id({"output": []}) is None
+    assert served_response_id({"id": ""}) is None
+
+
+def test_served_response_id_survives_a_failing_dialect(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(response: Any) -> Any:
+        raise RuntimeError("dialect bug")
+
+    monkeypatch.setattr(DIALECTS["responses"], "normalize", broken)
+
+    assert served_response_id({"id": "resp_1", "output": []}) == "resp_1"
+
+
+def test_tools_the_provider_ran_are_marked_hosted_and_client_tools_are_not() -> None:
+    searched = response_items("responses", reassembled_response(fixture("responses/web-search-gpt41")))
+    served = response_items("messages", reassembled_response(fixture("messages/web-search-sonnet4")))
+    called = response_items("responses", reassembled_response(fixture("responses/function-call-gpt55")))
+
+    assert searched and served and called
+    assert [item.get("hosted", False) for item in searched if item["type"] == "tool_call"] == [True]
+    assert {item.get("hosted", False) for item in served if item["type"] in ("tool_call", "tool_result")} == {True}
+    assert not any(item.get("hosted") for item in called)
+    assert request_items("responses", {"input": [{"type": "computer_call", "call_id": "c", "action": {}}]}) == [
+        {"role": "assistant", "type": "tool_call", "text": None, "call_id": "c", "name": "computer",
+         "arguments": {}, "provider_type": "computer_call"}
+    ]
+
+
+def test_a_legacy_function_call_mirroring_a_tool_call_is_not_a_second_call() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Rome"}'}}
+    message = {"role": "assistant", "content": None, "tool_calls": [call], "function_call": call["function"]}
+    items = response_items("chat", {"choices": [{"index": 0, "message": message}]})
+
+    assert items is not None
+    assert [(item["type"], item["call_id"]) for item in items] == [("tool_call", "call_1")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(dialect=st.sampled_from(["responses", "chat", "messages"]), payload=JSON)
+def test_any_json_reads_into_outputs_that_flatten_to_the_response_items(dialect: str, payload: Any) -> None:
+    outputs = response_outputs(dialect, payload)
+    flat = None if outputs is None else [item for output in outputs for item in output]
+
+    assert flat == response_items(dialect, payload)
+    for item in flat or []:
+        assert item.get("item_id") is None or isinstance(item["item_id"], str)
+    found = served_response_id(payload)
+    assert found is None or (isinstance(found, str) and found == payload.get("id"))

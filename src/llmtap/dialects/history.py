@@ -14,13 +14,19 @@ Each dialect's request input (Responses `instructions` and `input`, Chat `messag
 and, only where they apply, `provider_type` (the provider's own item or block type, when it is
 not a plain message, function call, result or reasoning), `non_text_parts` (the type names of
 images, files and other parts whose content stays in the payload), `refusal`, `is_error`,
-`encrypted` (reasoning whose text the provider withheld), and `choice_index` (chat `n > 1`).
+`encrypted` (reasoning whose text the provider withheld), `choice_index` (chat `n > 1`),
+`hosted` (a tool call the provider ran itself, such as a web search, and its result), and
+`item_id`: the id the model server gave what the item was read from (a Responses item's `id`;
+for a Messages response, the message id its blocks came in; chat serves none, so its items have
+only their tool call ids). Terminal attribution matches a rollout's final answer against it.
 
 The response of one call and the next call's request read through the same functions, so an
 agent that replays a response unchanged produces equal items, which is what lets a trajectory
 store each call's input as "the previous call's context plus these new items". Compare items
-with `item_fingerprint`, which looks at the six keys only. Nothing here raises on odd JSON: an
-unreadable payload gives None (unknown), an empty one [].
+with `item_fingerprint`, which looks at the six keys only. `response_outputs` keeps chat choices
+apart and `served_response_id` reads a response's own id whatever its dialect, so that terminal
+attribution never reads provider JSON itself. Nothing here raises on odd JSON: an unreadable
+payload gives None (unknown), an empty one [].
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any
 
 import orjson
 
+from . import DIALECTS
 from .base import parse_arguments
 
 __all__ = [
@@ -40,6 +47,8 @@ __all__ = [
     "item_fingerprint",
     "request_items",
     "response_items",
+    "response_outputs",
+    "served_response_id",
 ]
 
 HistoryItem = dict[str, Any]
@@ -49,6 +58,8 @@ HISTORY_ITEM_KEYS = ("role", "type", "text", "call_id", "name", "arguments")
 
 _TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 _RESPONSES_TOOL_RESULT_SUFFIX = "_output"
+# Built-in Responses tools the client runs itself: their results come back as `*_call_output` input.
+_RESPONSES_CLIENT_CALL_TYPES = frozenset({"computer_call", "local_shell_call", "shell_call", "apply_patch_call"})
 
 
 def item_fingerprint(item: Mapping[str, Any]) -> bytes:
@@ -78,19 +89,48 @@ def request_items(
 
 def response_items(dialect: str | None, response: Any) -> list[HistoryItem] | None:
     """Return the model's output in a response, or None when the dialect or shape is unknown."""
+    outputs = response_outputs(dialect, response)
+    return None if outputs is None else [item for output in outputs for item in output]
+
+
+def response_outputs(dialect: str | None, response: Any) -> list[list[HistoryItem]] | None:
+    """Return the model's output per alternative it served: one list, or one per chat choice.
+
+    A chat response with `n > 1` served several answers, and only one of them can be the one a
+    rollout kept; every other dialect serves one. None when the dialect or shape is unknown.
+    """
     if not isinstance(response, Mapping):
         return None
     if dialect == "responses":
         output = response.get("output")
-        return _responses_items(output, default_role="assistant") if isinstance(output, list) else None
+        return [_responses_items(output, default_role="assistant")] if isinstance(output, list) else None
     if dialect == "chat":
-        return _chat_response(response)
+        return _chat_choices(response)
     if dialect == "messages":
         content = response.get("content")
         if not isinstance(content, (list, str)):
             return None
-        return _messages_content("assistant", content)
+        return [_with_item_id(_messages_content("assistant", content), _str(response.get("id")))]
     return None
+
+
+def served_response_id(response: Any) -> str | None:
+    """Return the id the model server gave a response object of any registered dialect.
+
+    Each dialect reads the id it knows; the id counts only when those that find one agree, so a
+    shape two dialects read differently gives None. Never raises: a failing dialect reads nothing.
+    """
+    if not isinstance(response, Mapping):
+        return None
+    found: set[str] = set()
+    for dialect in DIALECTS.values():
+        try:
+            response_id = dialect.normalize(response).response_id
+        except Exception:  # one dialect's bug must not hide the id the others read
+            continue
+        if response_id is not None:
+            found.add(response_id)
+    return found.pop() if len(found) == 1 else None
 
 
 def continued_response_id(dialect: str | None, request: Any) -> str | None:
@@ -146,6 +186,14 @@ def _item(
         (key, value) for key, value in extra.items() if value is not None and value is not False and value != []
     )
     return item
+
+
+def _with_item_id(items: list[HistoryItem], item_id: str | None) -> list[HistoryItem]:
+    """Mark items with the server id of what they were read from (kept when already set)."""
+    if item_id is not None:
+        for item in items:
+            item.setdefault("item_id", item_id)
+    return items
 
 
 def _str(value: Any) -> str | None:
@@ -230,6 +278,10 @@ def _responses_items(entries: Iterable[Any], *, default_role: str) -> list[Histo
 
 
 def _responses_item(entry: Mapping[str, Any], default_role: str) -> list[HistoryItem]:
+    return _with_item_id(_responses_item_by_type(entry, default_role), _str(entry.get("id")))
+
+
+def _responses_item_by_type(entry: Mapping[str, Any], default_role: str) -> list[HistoryItem]:
     kind = entry.get("type")
     role = _str(entry.get("role"))
     if kind in (None, "message"):
@@ -291,7 +343,7 @@ def _responses_reasoning(entry: Mapping[str, Any]) -> HistoryItem:
 
 
 def _responses_builtin_call(entry: Mapping[str, Any], kind: str) -> list[HistoryItem]:
-    """A hosted tool call (web search, code interpreter, MCP, ...) and the result the model saw."""
+    """A built-in tool call (web search, code interpreter, MCP, ...) and the result the model saw."""
     call_id = _str(entry.get("call_id")) or _str(entry.get("id"))
     if "arguments" in entry:
         arguments: dict[str, Any] | None = parse_arguments(entry.get("arguments"))
@@ -308,11 +360,13 @@ def _responses_builtin_call(entry: Mapping[str, Any], kind: str) -> list[History
         name=_str(entry.get("name")) or kind[: -len("_call")],
         arguments=arguments,
         provider_type=kind,
+        hosted=kind not in _RESPONSES_CLIENT_CALL_TYPES,
     )
     output = entry.get("output")
     if output is None:
         return [call]
-    return [call, _item("tool", "tool_result", text=_output_text(output), call_id=call_id, provider_type=kind)]
+    result = _item("tool", "tool_result", text=_output_text(output), call_id=call_id, provider_type=kind, hosted=True)
+    return [call, result]
 
 
 # Chat Completions -------------------------------------------------------------------------------
@@ -333,7 +387,8 @@ def _chat_request_message(message: dict[str, Any]) -> list[HistoryItem]:
     return _chat_message(message, None)
 
 
-def _chat_response(response: Mapping[str, Any]) -> list[HistoryItem] | None:
+def _chat_choices(response: Mapping[str, Any]) -> list[list[HistoryItem]] | None:
+    """Each choice's message, in index order; `choice_index` is set only when there are several."""
     choices = response.get("choices")
     if not isinstance(choices, list):
         return None
@@ -343,14 +398,14 @@ def _chat_response(response: Mapping[str, Any]) -> list[HistoryItem] | None:
         enumerate(readable),
         key=lambda pair: (pair[1].get("index") if isinstance(pair[1].get("index"), int) else pair[0], pair[0]),
     )
-    items: list[HistoryItem] = []
+    outputs: list[list[HistoryItem]] = []
     for position, choice in ordered:
         message = choice.get("message")
         if not isinstance(message, dict):
             continue
         index = choice.get("index") if isinstance(choice.get("index"), int) else position
-        items.extend(_chat_message(message, index if several else None, default_role="assistant"))
-    return items
+        outputs.append(_chat_message(message, index if several else None, default_role="assistant"))
+    return outputs
 
 
 def _chat_message(
@@ -383,7 +438,8 @@ def _chat_message(
         items.append(_item(role, "reasoning", text=reasoning, choice_index=choice_index))
     calls = [_chat_tool_call(call, choice_index) for call in _mappings(message.get("tool_calls"))]
     legacy = message.get("function_call")
-    if isinstance(legacy, dict):
+    # Some servers (llama.cpp) mirror the first tool call into the legacy field: the same call again.
+    if isinstance(legacy, dict) and not calls:
         calls.append(
             _item(
                 role,
@@ -496,6 +552,7 @@ def _messages_block(role: str | None, block: Mapping[str, Any], kind: Any) -> Hi
             name=_str(block.get("name")),
             arguments=parse_arguments(block.get("input")),
             provider_type=None if kind == "tool_use" else provider_type,
+            hosted=kind != "tool_use",
         )
     if kind == "thinking":
         return _item(role, "reasoning", text=_str(block.get("thinking")))
@@ -509,5 +566,6 @@ def _messages_block(role: str | None, block: Mapping[str, Any], kind: Any) -> Hi
             call_id=_str(block.get("tool_use_id")),
             is_error=block.get("is_error") is True,
             provider_type=None if kind == "tool_result" else provider_type,
+            hosted=kind != "tool_result",
         )
     return _item(role, "message", provider_type=provider_type)

@@ -15,21 +15,22 @@ they disagree nothing is attributed and the contradiction is kept as evidence of
 Entries are `ModelCallRecord` objects, dicts shaped like its `to_dict()` or a raw capture line,
 or custody rows: dicts with a `staging_key` whose tokens are staged elsewhere, carrying
 `cumulative_hash` (and `chain_hash`), `cumulative_length` and the fingerprints the two public
-functions below compute. Provider JSON is read through `llmtap.dialects`; this module knows only
-where each API keeps its items (`output`, `choices`, `content`; `input`, `messages`), so it can
-read them one at a time in order. Nothing here raises: malformed input is an abstention.
+functions below compute. Provider JSON is read only through `llmtap.dialects`: the history items
+of `dialects.history` (content, served ids, one output per chat choice) and `Normalized` (ids and
+token ids). Nothing here raises: malformed input is an abstention.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from ..dialects import DIALECTS, Dialect, Normalized, get_dialect
+from ..dialects import DIALECTS, Dialect, Normalized
+from ..dialects.history import HistoryItem, request_items, response_outputs, served_response_id
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from ..records import ModelCallRecord
@@ -156,114 +157,50 @@ def _tool_name_key(name: object) -> str:
     return name.rsplit("__", 1)[-1] if isinstance(name, str) else ""
 
 
-def _message_key(normalized: Normalized) -> ContentKey | None:
-    """The content of a message: its text and refusal, whichever the dialect found."""
-    parts = [part for part in (normalized.output_text, normalized.refusal) if part]
-    return ("message", *dict.fromkeys(parts)) if parts else None
-
-
 def _tool_key(name: object, arguments: object) -> ContentKey:
     return ("tool", _tool_name_key(name), _canonical(arguments))
 
 
-def _items_of(normalized: Normalized, message_id: str) -> list[_Slot]:
-    """The model-authored items of one normalized object: its message, then its tool calls."""
-    items: list[_Slot] = []
-    message = _message_key(normalized)
-    if message is not None:
-        items.append(_Item(message_id, message))
-    for call in normalized.tool_calls:
-        items.append(_Item(call.call_id or "", _tool_key(call.name, call.arguments)))
-    return items
+def _slots(items: Iterable[HistoryItem]) -> list[_Slot]:
+    """Read history items into slots, in order; reasoning and empty messages leave no slot.
 
-
-def _responses_slots(dialect: Dialect, items: Any) -> list[_Slot]:
-    """Read Responses items one at a time, keeping their order and the turns between them."""
+    A tool call is served under its call id; a message under the id of what it was read from.
+    Tools the provider ran itself leave no slot either: a harness's transcript may keep or drop
+    them, and their results come from the same response, not from a turn between calls.
+    """
     slots: list[_Slot] = []
-    for item in items if isinstance(items, list) else []:
-        if not isinstance(item, Mapping):
-            continue
+    for item in items:
         role, kind = item.get("role"), item.get("type")
-        if (isinstance(role, str) and role in _NON_MODEL_ROLES) or (isinstance(kind, str) and kind.endswith("_output")):
-            slots.append(None)  # a user turn, or a tool result (function_call_output, ...)
+        if item.get("hosted"):
             continue
-        if kind is None and role == "assistant":
-            item = {**item, "type": "message"}  # an input message in its short form
-        normalized = _normalize(dialect, {"output": [item]})
-        slots.extend(_items_of(normalized, normalized.served_item_ids[0] if normalized.served_item_ids else ""))
+        if role in _NON_MODEL_ROLES:
+            slots.append(None)
+        elif role == "assistant" and kind == "tool_call":
+            key = _tool_key(item.get("name"), item.get("arguments"))
+            slots.append(_Item(_text(item.get("call_id")) or "", key))
+        elif role == "assistant" and kind == "message" and (text := _text(item.get("text"))):
+            slots.append(_Item(_text(item.get("item_id")) or "", ("message", text)))
     return slots
 
 
-def _chat_outputs(dialect: Dialect, response: Mapping[str, Any]) -> list[list[_Slot]]:
-    """One output per choice, in order: a chat response with `n > 1` served several."""
-    choices = response.get("choices")
-    return [
-        _items_of(_normalize(dialect, {"choices": [choice]}), "")
-        for choice in (choices if isinstance(choices, list) else [])
-        if isinstance(choice, Mapping)
-    ]
-
-
-def _messages_outputs(dialect: Dialect, response: Mapping[str, Any]) -> list[list[_Slot]]:
-    """A message's text is served under the message id; each tool use under its own id."""
-    normalized = _normalize(dialect, response)
-    return [_items_of(normalized, normalized.response_id or "")]
-
-
-def _assistant_turns(dialect: Dialect, request: Mapping[str, Any], wrap: Callable[[Any], Any]) -> list[_Slot]:
-    """The items of a request's assistant turns, each turn wrapped as its dialect's response."""
-    turns = request.get("messages")
-    slots: list[_Slot] = []
-    for turn in turns if isinstance(turns, list) else []:
-        if isinstance(turn, Mapping) and turn.get("role") == "assistant":
-            slots.extend(_items_of(_normalize(dialect, wrap(turn)), ""))
-    return slots
-
-
-def _messages_turn(turn: Mapping[str, Any]) -> Any:
-    content = turn.get("content")
-    return {"content": [{"type": "text", "text": content}] if isinstance(content, str) else content}
-
-
-_OutputReader = Callable[[Dialect, Mapping[str, Any]], list[list[_Slot]]]
-_ContextReader = Callable[[Dialect, Mapping[str, Any]], list[_Slot]]
-
-_OUTPUT_READERS: dict[str, _OutputReader] = {
-    "responses": lambda dialect, response: [_responses_slots(dialect, response.get("output"))],
-    "chat": _chat_outputs,
-    "messages": _messages_outputs,
-}
-_CONTEXT_READERS: dict[str, _ContextReader] = {
-    "responses": lambda dialect, request: _responses_slots(dialect, request.get("input")),
-    "chat": lambda dialect, request: _assistant_turns(dialect, request, lambda turn: {"choices": [{"message": turn}]}),
-    "messages": lambda dialect, request: _assistant_turns(dialect, request, _messages_turn),
-}
-
-
-def _known_dialect(name: object) -> Dialect | None:
-    if not isinstance(name, str) or name not in _OUTPUT_READERS:
-        return None
-    try:
-        return get_dialect(name)
-    except KeyError:
-        return None
+def _dialect_named(name: object) -> Dialect | None:
+    return DIALECTS.get(name) if isinstance(name, str) else None
 
 
 def _read_outputs(response: Any, dialect_name: object = None) -> tuple[str | None, list[list[_Slot]]]:
-    """Return (dialect name, outputs) for a response object.
+    """Return (dialect name, outputs) for a response object, one output per chat choice.
 
     With no known dialect every registered one tries; the object is read only when exactly one
     finds model-authored items in it, since a shape two dialects both accept cannot be trusted.
     """
     if not isinstance(response, Mapping):
         return None, []
-    known = _known_dialect(dialect_name)
-    candidates = [known] if known is not None else [d for d in DIALECTS.values() if d.name in _OUTPUT_READERS]
+    names = [dialect_name] if isinstance(dialect_name, str) and dialect_name in DIALECTS else list(DIALECTS)
     readings: list[tuple[str, list[list[_Slot]]]] = []
-    for dialect in candidates:
-        outputs = _OUTPUT_READERS[dialect.name](dialect, response)
+    for name in names:
+        outputs = [_slots(output) for output in response_outputs(name, response) or []]
         if any(slot is not None for output in outputs for slot in output):
-            readings.append((dialect.name, outputs))
+            readings.append((name, outputs))
     return readings[0] if len(readings) == 1 else (None, [])
 
 
@@ -281,11 +218,10 @@ def _fingerprint(items: Sequence[_Item]) -> str | None:
 
 def _continuation(request: Any, dialect_name: str | None, output: Sequence[_Slot]) -> str | None:
     """Fingerprint the model-authored spine of a call's request context plus its own output."""
-    dialect = _known_dialect(dialect_name)
     own = _model_items(output)
-    if dialect is None or not isinstance(request, Mapping) or not own:
+    if dialect_name not in DIALECTS or not isinstance(request, Mapping) or not own:
         return None
-    return _fingerprint(_model_items(_CONTEXT_READERS[dialect.name](dialect, request)) + own)
+    return _fingerprint(_model_items(_slots(request_items(dialect_name, request) or [])) + own)
 
 
 def assistant_fingerprint(response: Any, *, dialect: str | None = None) -> str | None:
@@ -357,7 +293,7 @@ class _Entry:
 
     @cached_property
     def _normalized(self) -> Normalized:
-        dialect = _known_dialect(_field(self.row, "dialect")) or _known_dialect(self._reading[0])
+        dialect = _dialect_named(_field(self.row, "dialect")) or _dialect_named(self._reading[0])
         return _normalize(dialect, self._response) if dialect and self._response else Normalized()
 
     @cached_property
@@ -468,7 +404,9 @@ def _from_candidates(witness: str, candidates: Sequence[_Entry], what: str) -> W
     count = len({entry.call_id for entry in candidates})
     detail = f"The only call that matches {what}."
     if count > 1:
-        detail = f"Calls {_ids(candidates)} match {what} with identical token sequences; the smallest id stands for them."
+        detail = (
+            f"Calls {_ids(candidates)} match {what} with identical token sequences; the smallest id stands for them."
+        )
     return WitnessFinding(witness, NAMED, chosen.call_id, detail)
 
 
@@ -482,7 +420,8 @@ def _explicit_witness(views: Sequence[_Entry], explicit_call_id: object) -> Witn
         return WitnessFinding("explicit", ABSTAINED, None, "The explicit call id is not a non-empty string.")
     if any(view.call_id == explicit_call_id for view in views):
         return WitnessFinding("explicit", NAMED, str(explicit_call_id), "The caller named this call.")
-    return WitnessFinding("explicit", ABSTAINED, None, f"The explicit call id {explicit_call_id!r} names no captured call.")
+    detail = f"The explicit call id {explicit_call_id!r} names no captured call."
+    return WitnessFinding("explicit", ABSTAINED, None, detail)
 
 
 def _declared_witness(views: Sequence[_Entry], declared_response_id: object) -> WitnessFinding:
@@ -491,7 +430,8 @@ def _declared_witness(views: Sequence[_Entry], declared_response_id: object) -> 
     declared = _text(declared_response_id)
     matches = [view for view in views if declared is not None and view.response_id == declared]
     if len(matches) == 1:
-        return WitnessFinding("declared", NAMED, matches[0].call_id, "The only call that served the declared response id.")
+        detail = "The only call that served the declared response id."
+        return WitnessFinding("declared", NAMED, matches[0].call_id, detail)
     shown = repr(declared_response_id) if declared is not None else "(not a non-empty string)"
     detail = f"The declared response id {shown} matches {len(matches)} captured calls, not exactly one."
     return WitnessFinding("declared", ABSTAINED, None, detail)
@@ -588,14 +528,6 @@ def _verdict(findings: tuple[WitnessFinding, ...], views: Sequence[_Entry], decl
     return TerminalAttribution(None, "", reason, findings, contradictions, fallback)
 
 
-def _response_id(response: Any) -> str | None:
-    """The response's own id, as the dialects read it (they agree on where it lives)."""
-    if not isinstance(response, Mapping):
-        return None
-    found = {_normalize(dialect, response).response_id for dialect in DIALECTS.values()} - {None}
-    return found.pop() if len(found) == 1 else None
-
-
 def resolve_terminal(
     entries: Iterable[ModelCallRecord | Mapping[str, Any]],
     response: Mapping[str, Any] | None,
@@ -621,7 +553,7 @@ def resolve_terminal(
         findings = (
             _explicit_witness(views, explicit_call_id),
             _declared_witness(views, declared_response_id),
-            _response_id_witness(views, _response_id(response)),
+            _response_id_witness(views, served_response_id(response)),
             _item_id_witness(views, slots),
             _content_witness(views, slots),
         )
@@ -630,7 +562,7 @@ def resolve_terminal(
         reason = f"Attribution failed on malformed input ({type(exc).__name__}); nothing is attributed."
         return TerminalAttribution(None, "", reason, (), (), FALLBACK_MASK if declared else FALLBACK_SINGLE_CHAIN)
     if skipped:
-        counted = "1 entry without a model_call_id was" if skipped == 1 else f"{skipped} entries without a model_call_id were"
-        note = f" {counted} skipped."
+        counted = "1 entry" if skipped == 1 else f"{skipped} entries"
+        note = f" {counted} without a model_call_id {'was' if skipped == 1 else 'were'} skipped."
         attribution = replace(attribution, reason=attribution.reason + note)
     return attribution
