@@ -148,6 +148,7 @@ def run_tool_agent(proxy_url: str, rollout_id: str, question: tuple[int, int]) -
         )
         messages.append(reply)
         for call in reply.get("tool_calls", []):
+            result: dict[str, Any]
             try:
                 arguments = json.loads(call["function"]["arguments"] or "{}")
                 result = {"sum": int(arguments.get("a", 0)) + int(arguments.get("b", 0))}

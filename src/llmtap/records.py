@@ -94,13 +94,10 @@ def category_for_exception(exc: BaseException) -> str:
 
 def status_from_exception(exc: BaseException) -> int | None:
     """Return the HTTP status an exception carries (`status`, `status_code`, `response.status_code`)."""
-    for getter in (
-        lambda e: getattr(e, "status", None),
-        lambda e: getattr(e, "status_code", None),
-        lambda e: getattr(getattr(e, "response", None), "status_code", None),
-    ):
+    for holder_name, attribute in (("", "status"), ("", "status_code"), ("response", "status_code")):
         try:
-            value = getter(exc)
+            holder = getattr(exc, holder_name, None) if holder_name else exc
+            value = getattr(holder, attribute, None)
         except Exception:  # a lazy attribute may itself fail; the status is then unknown
             continue
         if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
