@@ -21,10 +21,13 @@ __version__ = "0.1.0"
 
 # Public name -> module that defines it.
 _EXPORTS: dict[str, str] = {
+    "AgentObservations": "llmtap.rollouts.observations",
     "AppendResult": "llmtap.store",
+    "AttachOptions": "llmtap.rollouts.attach",
     "CaptureMiddleware": "llmtap.server.middleware",
     "CaptureRecordError": "llmtap.errors",
     "CaptureStore": "llmtap.store",
+    "CollectError": "llmtap.errors",
     "ConfigError": "llmtap.errors",
     "Exchange": "llmtap.exchange",
     "InvalidRolloutIdError": "llmtap.errors",
@@ -34,26 +37,32 @@ _EXPORTS: dict[str, str] = {
     "ModelCallRecord": "llmtap.records",
     "ModelCallSampling": "llmtap.sampling",
     "ModelCallSamplingConfig": "llmtap.sampling",
+    "ObservationRecorder": "llmtap.rollouts.observations",
     "ROLLOUT_ID_PATTERN": "llmtap.store",
     "ReadResult": "llmtap.store",
     "StoreError": "llmtap.errors",
     "TerminalAttribution": "llmtap.rollouts.terminal",
     "aggregate_model_call_metrics": "llmtap.readers",
+    "attach_file": "llmtap.rollouts.attach",
+    "attach_rollout": "llmtap.rollouts.attach",
     "base_url_for_run": "llmtap.correlation",
+    "collect_rollouts": "llmtap.rollouts.collect",
     "current_model_sampling_segment": "llmtap.sampling",
     "current_rollout_id": "llmtap.correlation",
     "decode_model_sampling": "llmtap.sampling",
     "encode_model_sampling": "llmtap.sampling",
+    "join_model_call_observations": "llmtap.rollouts.observations",
     "model_call_sampling_config": "llmtap.sampling",
     "model_sampling_context": "llmtap.sampling",
     "model_sampling_from_run_body": "llmtap.sampling",
     "model_sampling_path_segment": "llmtap.sampling",
+    "project_trajectory": "llmtap.rollouts.trajectory",
     "read_model_call_records": "llmtap.readers",
     "read_rollout_calls": "llmtap.readers",
     "resolve_model_base_url": "llmtap.correlation",
+    "resolve_terminal": "llmtap.rollouts.terminal",
     "rollout_context": "llmtap.correlation",
     "rollout_id_from_run": "llmtap.correlation",
-    "resolve_terminal": "llmtap.rollouts.terminal",
     "rollout_id_from_run_body": "llmtap.correlation",
     "url_path_for_request": "llmtap.correlation",
     "url_path_for_run": "llmtap.correlation",
@@ -88,11 +97,15 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         url_path_for_request,
         url_path_for_run,
     )
-    from .errors import CaptureRecordError, ConfigError, InvalidRolloutIdError, LlmtapError, StoreError
+    from .errors import CaptureRecordError, CollectError, ConfigError, InvalidRolloutIdError, LlmtapError, StoreError
     from .exchange import Exchange
     from .readers import aggregate_model_call_metrics, read_model_call_records, read_rollout_calls
     from .records import ModelCallRecord
+    from .rollouts.attach import AttachOptions, attach_file, attach_rollout
+    from .rollouts.collect import collect_rollouts
+    from .rollouts.observations import AgentObservations, ObservationRecorder, join_model_call_observations
     from .rollouts.terminal import TerminalAttribution, resolve_terminal
+    from .rollouts.trajectory import project_trajectory
     from .sampling import (
         MODEL_SAMPLING_HEADER,
         MODEL_SAMPLING_NULL,

@@ -2,6 +2,7 @@
 
     LlmtapError
     ├── ConfigError            a configuration value is missing or invalid
+    ├── CollectError           a rollout collection cannot start or go on
     ├── InvalidRolloutIdError  a rollout id fails the one id pattern (also a ValueError)
     ├── StoreError             the capture store could not be read or written
     │   └── CaptureRecordError a persisted line is damaged (also a ValueError); keeps path and line number
@@ -18,6 +19,7 @@ from pathlib import Path
 
 __all__ = [
     "CaptureRecordError",
+    "CollectError",
     "ConfigError",
     "InvalidRolloutIdError",
     "LlmtapError",
@@ -31,6 +33,10 @@ class LlmtapError(Exception):
 
 class ConfigError(LlmtapError):
     """Raised when a configuration value is missing or invalid."""
+
+
+class CollectError(LlmtapError):
+    """Raised when a collection cannot start or go on: bad input, an unreachable agent, an unclearable store."""
 
 
 class InvalidRolloutIdError(LlmtapError, ValueError):

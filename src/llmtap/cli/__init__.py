@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from .. import __version__
+from .agent import agent
+from .collect import attach, collect
 from .demo import demo
 from .records import records
 from .serve import serve
@@ -18,6 +20,9 @@ def main() -> None:
     """Record every model call an agent or RL rollout makes, as evidence you can trust."""
 
 
+main.add_command(agent)
+main.add_command(attach)
+main.add_command(collect)
 main.add_command(demo)
 main.add_command(records)
 main.add_command(serve)
