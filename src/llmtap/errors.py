@@ -56,13 +56,19 @@ class StoreError(LlmtapError):
 
 
 class CaptureRecordError(StoreError, ValueError):
-    """Raised by strict readers when a persisted line is damaged."""
+    """Raised by strict readers when a persisted line is damaged.
 
-    def __init__(self, path: Path, line_number: int, reason: str) -> None:
+    `line_number` is the 1-based physical line when the damage is in the JSON itself; a line that
+    is valid JSON but not a capture record is named by its `call_index` instead.
+    """
+
+    def __init__(self, path: Path, line_number: int | None, reason: str, *, call_index: int | None = None) -> None:
         self.path = path
         self.line_number = line_number
+        self.call_index = call_index
         self.reason = reason
+        where = f"Line {line_number}" if line_number is not None else f"The line at call_index {call_index}"
         super().__init__(
-            f"Line {line_number} of '{path}' is not a valid capture record: {reason}. "
+            f"{where} of '{path}' is not a valid capture record: {reason}. "
             "Read it with strict=False to skip damaged lines."
         )

@@ -42,7 +42,7 @@ def read_rollout_calls(store: CaptureStore, rollout_id: str, *, strict: bool = F
             records.append(ModelCallRecord.from_raw_line(line, call_index))
         except ValueError as exc:
             if strict:
-                raise CaptureRecordError(store.path_for(rollout_id), call_index + 1, str(exc)) from exc
+                raise CaptureRecordError(store.path_for(rollout_id), None, str(exc), call_index=call_index) from exc
             unreadable.append(call_index)
     return RolloutCalls(
         rollout_id=result.rollout_id,

@@ -1,0 +1,702 @@
+"""CaptureStore: the only code that reads or writes capture files.
+
+Files under the store root, per rollout id:
+
+    <id>.capture.jsonl       one JSON object per line, append-only (the spec's file)
+    <id>.capture.incomplete  marker: at least one record could not be written
+    <id>.capture.lock        what writers and clear() flock; never deleted, so no unlink race
+    <id>.capture.cleared     tombstone with the time of the last clear(): the late-writer fence
+    <id>.capture.late.jsonl  records of calls that started before the last clear()
+
+Writes are group-committed per rollout: the first appender with no commit in flight becomes the
+committer and writes every queued line with one `write()` and one `fdatasync`, under an exclusive
+`flock` on the rollout's lock file, so threads, processes and hosts sharing a POSIX directory never
+interleave or lose a line. An append returns only once its line is durable.
+
+Reads take no lock: lines land whole, by one `write()`. An unterminated last segment (a write in
+progress, or a crashed writer) is reported as `torn_tail` and not counted; the next committer ends
+it with a newline first, so it becomes one damaged line and the new record stays intact. Blank
+lines are skipped and take no `call_index`; damaged lines take one, so they never shift the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import fcntl
+import functools
+import logging
+import os
+import re
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeAlias
+
+import orjson
+
+from llmtap.errors import CaptureRecordError, InvalidRolloutIdError, StoreError
+
+__all__ = ["AppendResult", "CaptureStore", "ROLLOUT_ID_PATTERN", "ReadResult", "validate_rollout_id"]
+
+logger = logging.getLogger(__name__)
+
+# Use fullmatch (or validate_rollout_id): with `match`, "$" would also accept a trailing newline.
+ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", re.ASCII)
+MAX_ROLLOUT_ID_LENGTH = 200  # the longest file name (id + ".capture.cleared.tmp") stays under 255
+
+DATA_SUFFIX = ".capture.jsonl"
+MARKER_SUFFIX = ".capture.incomplete"
+LOCK_SUFFIX = ".capture.lock"
+TOMBSTONE_SUFFIX = ".capture.cleared"
+LATE_SUFFIX = ".capture.late.jsonl"
+
+_BATCH_MAX_RECORDS = 1024
+_BATCH_MAX_BYTES = 8 * 1024 * 1024  # a single larger record still goes out, alone
+_IDLE_THREAD_SECONDS = 5.0
+_FILE_MODE = 0o644
+_NOATIME = getattr(os, "O_NOATIME", 0)  # Linux only
+_JSON_TYPE_NAMES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
+def validate_rollout_id(rollout_id: object) -> str:
+    """Return `rollout_id` if it is a safe file-name stem, else raise InvalidRolloutIdError.
+
+    The one id check in llmtap: ASCII letters, digits, '.', '_' and '-', starting with a letter or
+    digit, at most 200 characters. That rules out separators, "..", hidden files and spaces.
+    """
+    if not isinstance(rollout_id, str):
+        raise InvalidRolloutIdError(rollout_id, f"it is a {type(rollout_id).__name__}, not a string")
+    if not rollout_id:
+        raise InvalidRolloutIdError(rollout_id, "it is empty")
+    if len(rollout_id) > MAX_ROLLOUT_ID_LENGTH:
+        raise InvalidRolloutIdError(rollout_id, f"it has {len(rollout_id)} characters, more than 200")
+    if ROLLOUT_ID_PATTERN.fullmatch(rollout_id) is None:
+        raise InvalidRolloutIdError(rollout_id)
+    return rollout_id
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """Where a durable record landed; `late` when a clear() fence diverted it to the late file."""
+
+    path: Path
+    late: bool
+
+
+@functools.lru_cache(maxsize=4096)
+def _append_result(path: str, late: bool) -> AppendResult:
+    """Results are immutable, so appends to a busy rollout share one instead of building Paths."""
+    return AppendResult(Path(path), late)
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """Everything one read of a rollout's capture found, damage included.
+
+    `entries` pairs each valid record with its `call_index` (0-based position among non-blank
+    complete lines); `invalid_lines` holds the positions of damaged lines. `torn_tail` means the
+    file ends in an unterminated segment, which is not a line yet.
+    """
+
+    rollout_id: str
+    exists: bool
+    entries: list[tuple[int, dict[str, Any]]]
+    invalid_lines: list[int]
+    torn_tail: bool
+    incomplete: bool
+    late_writes: int
+
+    @property
+    def invalid_count(self) -> int:
+        """Number of damaged lines skipped."""
+        return len(self.invalid_lines)
+
+
+def _scan_lines(data: bytes) -> Iterator[tuple[int, int, dict[str, Any] | None, str]]:
+    """Yield (1-based line number, call_index, record or None, problem) per complete non-blank line.
+
+    The one parse path behind strict and tolerant reads.
+    """
+    start = line_number = call_index = 0
+    while (end := data.find(b"\n", start)) >= 0:
+        segment = data[start:end]
+        start = end + 1
+        line_number += 1
+        if not segment.strip():
+            continue
+        try:
+            value = orjson.loads(segment)
+        except orjson.JSONDecodeError as exc:
+            yield line_number, call_index, None, f"it is not valid JSON ({exc})"
+        else:
+            kind = "object" if isinstance(value, dict) else _JSON_TYPE_NAMES.get(type(value), "null")
+            yield line_number, call_index, value if kind == "object" else None, f"it holds a JSON {kind}, not an object"
+        call_index += 1
+
+
+def _started_at(record: Mapping[str, Any]) -> float | None:
+    value = record.get("started_at")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {exc}"
+
+
+# Durability steps, atomicwrites-style: each one named, each one a syscall or two.
+
+
+def _write_all(fd: int, payload: bytes) -> None:
+    """Write `payload` with one write(); loop only if the kernel writes short."""
+    view = memoryview(payload)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(f"write() made no progress on descriptor {fd}")
+        view = view[written:]
+
+
+def _sync_directory(directory: str) -> None:
+    """Make names created, renamed or unlinked in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _open_for_append(path: str) -> int:
+    """Open for append and for the torn-tail check; O_NOATIME keeps that read from dirtying the inode."""
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+    try:
+        return os.open(path, flags | _NOATIME, _FILE_MODE)
+    except PermissionError:  # O_NOATIME needs the file's owner; others still get a correct append
+        if not _NOATIME:
+            raise
+        return os.open(path, flags, _FILE_MODE)
+
+
+def _append_lines_durably(path: str, directory: str, lines: list[bytes]) -> None:
+    """Append whole lines to `path` with one write and sync them; the caller holds the lock."""
+    fd = _open_for_append(path)
+    try:
+        payload = b"".join(lines)
+        size = os.fstat(fd).st_size
+        if size == 0:
+            # New, or left empty by a crash: make its name durable before any line lands, so a
+            # non-empty file always has a durable directory entry.
+            _sync_directory(directory)
+        elif os.pread(fd, 1, size - 1) != b"\n":
+            payload = b"\n" + payload  # a crashed writer's partial line becomes one damaged line
+        _write_all(fd, payload)
+        if hasattr(os, "fdatasync"):
+            os.fdatasync(fd)
+        else:  # macOS has no fdatasync
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+Outcome: TypeAlias = "AppendResult | StoreError"
+
+
+class _Pending:
+    """One queued line and how its appender hears the outcome: a thread gate, or a loop's future."""
+
+    __slots__ = ("line", "started_at", "outcome", "gate", "future")
+
+    def __init__(self, line: bytes, started_at: float | None, future: asyncio.Future[AppendResult] | None) -> None:
+        self.line = line
+        self.started_at = started_at
+        self.outcome: Outcome | None = None
+        self.future = future
+        self.gate: threading.Lock | None = None
+        if future is None:
+            self.gate = threading.Lock()
+            self.gate.acquire()
+
+    def wait(self) -> AppendResult:
+        assert self.gate is not None
+        self.gate.acquire()
+        if isinstance(self.outcome, StoreError):
+            raise self.outcome
+        assert self.outcome is not None
+        return self.outcome
+
+
+def _settle(entries: Sequence[_Pending], outcomes: Sequence[Outcome]) -> None:
+    """Wake every appender: threads one by one, and each event loop once for all its futures."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[AppendResult], Outcome]]] = {}
+    for entry, outcome in zip(entries, outcomes):
+        entry.outcome = outcome
+        if entry.future is not None:
+            by_loop.setdefault(entry.future.get_loop(), []).append((entry.future, outcome))
+        elif entry.gate is not None:
+            entry.gate.release()
+    for loop, settled in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle_futures, settled)
+        except RuntimeError:  # the loop is closed: nobody awaits any more; the lines are durable
+            pass
+
+
+def _settle_futures(settled: list[tuple[asyncio.Future[AppendResult], Outcome]]) -> None:
+    for future, outcome in settled:
+        if future.done():  # the awaiting task was cancelled; its record was still written
+            continue
+        if isinstance(outcome, StoreError):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+
+class _RolloutQueue:
+    """Lines waiting for one rollout's committer; guarded by the store's mutex."""
+
+    __slots__ = ("rollout_id", "pending", "committing")
+
+    def __init__(self, rollout_id: str) -> None:
+        self.rollout_id = rollout_id
+        self.pending: deque[_Pending] = deque()
+        self.committing = False
+
+
+class _CommitThreads:
+    """Store-owned threads that grow on demand and retire when idle.
+
+    A job never waits for a free thread, so one rollout stuck in a slow fsync cannot hold up
+    another rollout's commits, whatever the size of the event loop's default executor.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._jobs: deque[Callable[[], None]] = deque()
+        self._idle = 0
+        self._threads: set[threading.Thread] = set()
+        self._closed = False
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._cond:
+            self._jobs.append(job)
+            if self._idle >= len(self._jobs):
+                self._cond.notify()
+                return
+            thread = threading.Thread(target=self._work, name="llmtap-store-commit", daemon=True)
+            self._threads.add(thread)
+            thread.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._idle += 1
+                while not self._jobs and not self._closed:
+                    if not self._cond.wait(_IDLE_THREAD_SECONDS):
+                        break
+                self._idle -= 1
+                if not self._jobs:
+                    self._threads.discard(threading.current_thread())
+                    return
+                job = self._jobs.popleft()
+            try:
+                job()
+            except Exception:  # commit jobs settle their own entries; this only guards against bugs
+                logger.exception("A capture store commit job failed unexpectedly.")
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            threads = list(self._threads)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join()
+
+
+class CaptureStore:
+    """Durable, group-committed, per-rollout JSONL capture files under one root directory.
+
+    Safe to share between threads and asyncio tasks, and between processes and hosts that mount
+    the root on a filesystem with working `flock`. Close it (or use it as a context manager) to
+    wait for in-flight commits and stop its helper threads; open stores are also closed at exit.
+
+        with CaptureStore("/data/model-calls") as store:
+            store.append("4-2", record)
+            calls = store.read("4-2").entries
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
+        self.root = Path(os.fspath(root)).expanduser().resolve()
+        self._directory = str(self.root)
+        if create:
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(
+                    f"Could not create the capture directory '{self.root}' ({_describe(exc)}); "
+                    "choose a writable path."
+                ) from exc
+        self._closed = False
+        self._marker_failure_logged = False
+        self._reset_concurrency_state()
+        _OPEN_STORES.add(self)
+
+    def _reset_concurrency_state(self) -> None:
+        self._mutex = threading.Lock()
+        self._idle = threading.Condition(self._mutex)
+        self._queues: dict[str, _RolloutQueue] = {}
+        self._threads = _CommitThreads()
+
+    def __repr__(self) -> str:
+        return f"CaptureStore('{self.root}')"
+
+    def path_for(self, rollout_id: str) -> Path:
+        """Return `<root>/<rollout_id>.capture.jsonl`, after validating the id."""
+        return self.root / f"{validate_rollout_id(rollout_id)}{DATA_SUFFIX}"
+
+    def marker_path_for(self, rollout_id: str) -> Path:
+        """Return `<root>/<rollout_id>.capture.incomplete`, after validating the id."""
+        return self.root / f"{validate_rollout_id(rollout_id)}{MARKER_SUFFIX}"
+
+    def _sibling(self, rollout_id: str, suffix: str) -> str:
+        """A path as a plain string: pathlib's cost shows on the append path."""
+        return f"{self._directory}{os.sep}{rollout_id}{suffix}"
+
+    def append(self, rollout_id: str, record: Mapping[str, Any]) -> AppendResult:
+        """Append `record` as one line and return once it is durable.
+
+        Blocks the calling thread (on an event loop, use `append_async`). Concurrent appends to
+        one rollout share a write and an fdatasync. Raises InvalidRolloutIdError for a bad id,
+        and StoreError (chaining the cause) when the record could not be made durable, after
+        trying to mark the rollout incomplete; after a failed fdatasync the line may still be
+        in the file, so the marker, not the file, says the capture is incomplete.
+        """
+        entry, queue, lead = self._enqueue(rollout_id, record, None)
+        if lead:
+            self._lead(queue, entry)
+        return entry.wait()
+
+    async def append_async(self, rollout_id: str, record: Mapping[str, Any]) -> AppendResult:
+        """Append `record` and await its durability without blocking the event loop.
+
+        The record is encoded on the loop (orjson, fast); the commit runs on a store-owned
+        thread, never the loop's default executor. Cancelling the await does not cancel the
+        write: the record is still committed.
+        """
+        future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+        _, queue, lead = self._enqueue(rollout_id, record, future)
+        if lead:
+            self._threads.submit(functools.partial(self._lead, queue, None))
+        return await future
+
+    def _enqueue(
+        self, rollout_id: str, record: Mapping[str, Any], future: asyncio.Future[AppendResult] | None
+    ) -> tuple[_Pending, _RolloutQueue, bool]:
+        """Queue one encoded line; the bool says whether the caller must start committing."""
+        rollout_id = validate_rollout_id(rollout_id)
+        entry = _Pending(self._encode(rollout_id, record), _started_at(record), future)
+        with self._mutex:
+            if not self._closed:
+                queue = self._queues.get(rollout_id)
+                if queue is None:
+                    queue = self._queues[rollout_id] = _RolloutQueue(rollout_id)
+                queue.pending.append(entry)
+                lead = not queue.committing
+                queue.committing = True
+                return entry, queue, lead
+        self.mark_incomplete(rollout_id, "a record arrived after the store was closed")
+        raise StoreError(
+            f"Could not append to rollout {rollout_id!r}: {self!r} is closed; "
+            "open a new CaptureStore for further appends."
+        )
+
+    def _encode(self, rollout_id: str, record: Mapping[str, Any]) -> bytes:
+        try:
+            plain = record if isinstance(record, dict) else dict(record)
+            return orjson.dumps(plain, option=orjson.OPT_APPEND_NEWLINE)
+        except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
+            self.mark_incomplete(rollout_id, "a record could not be encoded as JSON")
+            raise StoreError(
+                f"Could not encode a record for rollout {rollout_id!r} as JSON ({exc}); "
+                "pass a mapping with string keys and JSON-able values."
+            ) from exc
+
+    def _lead(self, queue: _RolloutQueue, own: _Pending | None) -> None:
+        """Commit batches until `own` is durable, then leave the rest to a helper thread.
+
+        A helper thread passes None and commits until the queue is empty; an appender never
+        keeps committing for others once its own line is durable.
+        """
+        try:
+            while own is None or own.outcome is None:
+                with self._mutex:
+                    batch = self._take_batch(queue)
+                    if not batch:
+                        self._step_down(queue)
+                        return
+                self._commit(queue.rollout_id, batch)
+        except BaseException:
+            self._hand_off(queue)
+            raise
+        self._hand_off(queue)
+
+    def _take_batch(self, queue: _RolloutQueue) -> list[_Pending]:
+        batch: list[_Pending] = []
+        size = 0
+        while queue.pending and len(batch) < _BATCH_MAX_RECORDS:
+            if batch and size + len(queue.pending[0].line) > _BATCH_MAX_BYTES:
+                break
+            entry = queue.pending.popleft()
+            size += len(entry.line)
+            batch.append(entry)
+        return batch
+
+    def _hand_off(self, queue: _RolloutQueue) -> None:
+        with self._mutex:
+            if not queue.pending:
+                self._step_down(queue)
+                return
+        self._threads.submit(functools.partial(self._lead, queue, None))
+
+    def _step_down(self, queue: _RolloutQueue) -> None:
+        """Mark `queue` idle and forget it (the caller holds the mutex)."""
+        queue.committing = False
+        if self._queues.get(queue.rollout_id) is queue:
+            del self._queues[queue.rollout_id]
+        self._idle.notify_all()
+
+    def _commit(self, rollout_id: str, batch: list[_Pending]) -> None:
+        """Write one batch durably under the rollout lock; settle every entry, whatever happens."""
+        try:
+            lock_fd = self._lock(rollout_id)
+            try:
+                cleared_at = self._cleared_at(rollout_id)
+                current, late = batch, []
+                if cleared_at is not None:
+                    late = [e for e in batch if e.started_at is not None and e.started_at < cleared_at]
+                    current = [e for e in batch if e.started_at is None or e.started_at >= cleared_at]
+                for entries, suffix, is_late in ((current, DATA_SUFFIX, False), (late, LATE_SUFFIX, True)):
+                    if entries:
+                        path = self._sibling(rollout_id, suffix)
+                        _append_lines_durably(path, self._directory, [entry.line for entry in entries])
+                        _settle(entries, [_append_result(path, is_late)] * len(entries))
+            finally:
+                os.close(lock_fd)  # releases the flock
+        except BaseException as exc:
+            self._fail(rollout_id, [entry for entry in batch if entry.outcome is None], exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    def _lock(self, rollout_id: str) -> int:
+        """Open the rollout's lock file and take its exclusive flock; close the fd to release."""
+        fd = os.open(self._sibling(rollout_id, LOCK_SUFFIX), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _fail(self, rollout_id: str, entries: list[_Pending], exc: BaseException) -> None:
+        self.mark_incomplete(rollout_id, f"an append failed: {_describe(exc)}")
+        path = self._sibling(rollout_id, DATA_SUFFIX)
+        message = (
+            f"Could not append a record to '{path}' ({_describe(exc)}); the rollout is marked "
+            f"incomplete: check free space and permissions under '{self.root}'."
+        )
+        errors = [StoreError(message) for _ in entries]  # one each: a shared one would mix tracebacks
+        for error in errors:
+            error.__cause__ = exc
+        _settle(entries, errors)
+
+    def _cleared_at(self, rollout_id: str) -> float | None:
+        tombstone = self._sibling(rollout_id, TOMBSTONE_SUFFIX)
+        if not os.access(tombstone, os.F_OK):  # the usual case, and cheaper than a failed open()
+            return None
+        try:
+            fd = os.open(tombstone, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            raw, mtime = os.read(fd, 4096), os.fstat(fd).st_mtime
+        finally:
+            os.close(fd)
+        try:
+            value = orjson.loads(raw)["cleared_at"]
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            pass
+        return mtime  # an unreadable tombstone still fences, at its file time
+
+    def mark_incomplete(self, rollout_id: str, reason: str) -> None:
+        """Create or refresh the rollout's `.capture.incomplete` marker, durably; never raises.
+
+        `reason` is stored in the marker: pass a short cause, never prompt text. A failure to
+        write the marker is logged once per store.
+        """
+        try:
+            marker = self.marker_path_for(rollout_id)
+            content = orjson.dumps({"marked_at": time.time(), "reason": str(reason)}, option=orjson.OPT_APPEND_NEWLINE)
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, _FILE_MODE)
+            try:
+                _write_all(fd, content)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            _sync_directory(self._directory)
+        except Exception as exc:
+            if not self._marker_failure_logged:
+                self._marker_failure_logged = True
+                logger.error(
+                    "Could not mark rollout %r incomplete under '%s' (%s); later marker failures "
+                    "in this store are not logged.",
+                    rollout_id,
+                    self.root,
+                    _describe(exc),
+                )
+
+    def clear(self, rollout_id: str) -> None:
+        """Delete the rollout's capture and fence out writers whose calls started before now.
+
+        Under the rollout lock, unlinks the data file, marker and late file, and writes and syncs
+        a tombstone holding `time.time()`. A later append whose record's `started_at` is earlier
+        goes to `<id>.capture.late.jsonl`, not into the new attempt's calls. Records without a
+        numeric `started_at` are never diverted.
+
+        Clock skew: the fence compares this host's clock with the writer's `started_at`. Across
+        hosts, a writer whose clock lags by more than the time between the clear and its call's
+        start is wrongly diverted, and a stale writer whose clock runs ahead slips through. Keep
+        hosts NTP-synced; on one host the fence is exact.
+        """
+        rollout_id = validate_rollout_id(rollout_id)
+        try:
+            lock_fd = self._lock(rollout_id)
+            try:
+                for suffix in (DATA_SUFFIX, MARKER_SUFFIX, LATE_SUFFIX):
+                    try:
+                        os.unlink(self._sibling(rollout_id, suffix))
+                    except FileNotFoundError:
+                        pass
+                self._write_tombstone(rollout_id, time.time())
+                _sync_directory(self._directory)
+            finally:
+                os.close(lock_fd)
+        except OSError as exc:
+            raise StoreError(
+                f"Could not clear the capture of rollout {rollout_id!r} under '{self.root}' "
+                f"({_describe(exc)}); check that the directory is writable."
+            ) from exc
+
+    def _write_tombstone(self, rollout_id: str, cleared_at: float) -> None:
+        """Write the tombstone through a synced temp file and a rename; the caller syncs the directory."""
+        tombstone = self._sibling(rollout_id, TOMBSTONE_SUFFIX)
+        fd = os.open(tombstone + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, _FILE_MODE)
+        try:
+            _write_all(fd, orjson.dumps({"cleared_at": cleared_at}, option=orjson.OPT_APPEND_NEWLINE))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tombstone + ".tmp", tombstone)
+
+    def rollouts(self) -> list[str]:
+        """Return the sorted ids that have a data file or an incomplete marker."""
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StoreError(
+                f"Could not list the capture directory '{self.root}' ({_describe(exc)}); check that it is readable."
+            ) from exc
+        found: set[str] = set()
+        for name in names:
+            for suffix in (DATA_SUFFIX, MARKER_SUFFIX):
+                stem = name[: -len(suffix)]
+                if name.endswith(suffix) and len(stem) <= MAX_ROLLOUT_ID_LENGTH and ROLLOUT_ID_PATTERN.fullmatch(stem):
+                    found.add(stem)
+        return sorted(found)
+
+    def read(self, rollout_id: str, *, strict: bool = False) -> ReadResult:
+        """Read a rollout's capture without locking; damaged lines are skipped and counted.
+
+        With `strict=True`, the first damaged line raises CaptureRecordError with its 1-based
+        line number instead. Neither mode treats a torn tail as damage: it may be a write in
+        progress.
+        """
+        rollout_id = validate_rollout_id(rollout_id)
+        path = self.root / f"{rollout_id}{DATA_SUFFIX}"
+        data = self._read_bytes(path)
+        entries: list[tuple[int, dict[str, Any]]] = []
+        invalid_lines: list[int] = []
+        for line_number, call_index, record, problem in _scan_lines(data or b""):
+            if record is not None:
+                entries.append((call_index, record))
+            elif strict:
+                raise CaptureRecordError(path, line_number, problem)
+            else:
+                invalid_lines.append(call_index)
+        late = self._read_bytes(self._sibling(rollout_id, LATE_SUFFIX))
+        return ReadResult(
+            rollout_id=rollout_id,
+            exists=data is not None,
+            entries=entries,
+            invalid_lines=invalid_lines,
+            torn_tail=data is not None and data[-1:] not in (b"", b"\n"),
+            incomplete=self._read_bytes(self._sibling(rollout_id, MARKER_SUFFIX)) is not None,
+            late_writes=sum(1 for _ in _scan_lines(late or b"")),
+        )
+
+    def _read_bytes(self, path: str | Path) -> bytes | None:
+        try:
+            with open(path, "rb") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"Could not read '{path}' ({_describe(exc)}); check its permissions.") from exc
+
+    def close(self) -> None:
+        """Wait for in-flight commits, then stop the helper threads; later appends raise StoreError."""
+        with self._mutex:
+            self._closed = True
+            while any(queue.committing for queue in self._queues.values()):
+                self._idle.wait()
+        self._threads.close()
+        _OPEN_STORES.discard(self)
+
+    def __enter__(self) -> CaptureStore:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+_OPEN_STORES: weakref.WeakSet[CaptureStore] = weakref.WeakSet()
+
+
+def _close_open_stores() -> None:
+    """At exit, let in-flight commits finish so no awaited record is cut short."""
+    for store in list(_OPEN_STORES):
+        store.close()
+
+
+def _reset_after_fork() -> None:
+    """A forked child has none of the parent's threads: its stores start with fresh queues."""
+    for store in list(_OPEN_STORES):
+        store._reset_concurrency_state()
+
+
+atexit.register(_close_open_stores)
+os.register_at_fork(after_in_child=_reset_after_fork)
