@@ -7,6 +7,7 @@ import errno
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 import uuid
@@ -695,3 +696,28 @@ def test_root_that_is_a_file_raises_store_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(StoreError, match="Could not create the capture directory"):
         CaptureStore(tmp_path / "file")
+
+
+def test_forked_child_never_inherits_a_held_rollout_lock(tmp_path: Path) -> None:
+    """A fork during a commit used to give the child a copy of the lock descriptor, so the lock
+    outlived the parent's commit and the child blocked forever on its own copy."""
+    import llmtap.store as store_module
+
+    store = CaptureStore(tmp_path)
+    fd = store._lock("r")  # a commit in flight holds the rollout's flock
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            store.append("r", {"model_call_id": "child", "started_at": time.time()})
+        finally:
+            os._exit(0)
+    store_module._LOCK_FILES.close(fd)  # the parent's commit ends
+    deadline, status = time.monotonic() + 20, (0, 0)
+    while time.monotonic() < deadline and (status := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+        time.sleep(0.02)
+    if status == (0, 0):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child blocked on the inherited lock")
+    assert os.waitstatus_to_exitcode(status[1]) == 0
+    assert [line["model_call_id"] for _, line in store.read("r").entries] == ["child"]

@@ -11,7 +11,9 @@ Files under the store root, per rollout id:
 Writes are group-committed per rollout: the first appender with no commit in flight becomes the
 committer and writes every queued line with one `write()` and one `fdatasync`, under an exclusive
 `flock` on the rollout's lock file, so threads, processes and hosts sharing a POSIX directory never
-interleave or lose a line. An append returns only once its line is durable.
+interleave or lose a line. An append returns only once its line is durable. The batching and
+helper threads live in `_group_commit`, the write and sync steps in `_durable_files`; this module
+decides which file each line goes to.
 
 Reads take no lock: lines land whole, by one `write()`. An unterminated last segment (a write in
 progress, or a crashed writer) is reported as `torn_tail` and not counted; the next committer ends
@@ -31,15 +33,16 @@ import re
 import threading
 import time
 import weakref
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeAlias
+from typing import Any
 
 import orjson
 
+from llmtap._durable_files import FILE_MODE, append_lines_durably, sync_directory, write_file_synced
+from llmtap._group_commit import GroupCommitter, PendingAppend, settle
 from llmtap.errors import CaptureRecordError, InvalidRolloutIdError, StoreError
 
 __all__ = ["AppendResult", "CaptureStore", "ROLLOUT_ID_PATTERN", "ReadResult", "validate_rollout_id"]
@@ -56,11 +59,6 @@ LOCK_SUFFIX = ".capture.lock"
 TOMBSTONE_SUFFIX = ".capture.cleared"
 LATE_SUFFIX = ".capture.late.jsonl"
 
-_BATCH_MAX_RECORDS = 1024
-_BATCH_MAX_BYTES = 8 * 1024 * 1024  # a single larger record still goes out, alone
-_IDLE_THREAD_SECONDS = 5.0
-_FILE_MODE = 0o644
-_NOATIME = getattr(os, "O_NOATIME", 0)  # Linux only
 _JSON_TYPE_NAMES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
@@ -153,173 +151,47 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-# Durability steps, atomicwrites-style: each one named, each one a syscall or two.
+class _LockFiles:
+    """The rollout lock files this process has open, so a forked child can close its copies.
 
-
-def _write_all(fd: int, payload: bytes) -> None:
-    """Write `payload` with one write(); loop only if the kernel writes short."""
-    view = memoryview(payload)
-    while view:
-        written = os.write(fd, view)
-        if written <= 0:
-            raise OSError(f"write() made no progress on descriptor {fd}")
-        view = view[written:]
-
-
-def _sync_directory(directory: str) -> None:
-    """Make names created, renamed or unlinked in `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _open_for_append(path: str) -> int:
-    """Open for append and for the torn-tail check; O_NOATIME keeps that read from dirtying the inode."""
-    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-    try:
-        return os.open(path, flags | _NOATIME, _FILE_MODE)
-    except PermissionError:  # O_NOATIME needs the file's owner; others still get a correct append
-        if not _NOATIME:
-            raise
-        return os.open(path, flags, _FILE_MODE)
-
-
-def _append_lines_durably(path: str, directory: str, lines: list[bytes]) -> None:
-    """Append whole lines to `path` with one write and sync them; the caller holds the lock."""
-    fd = _open_for_append(path)
-    try:
-        payload = b"".join(lines)
-        size = os.fstat(fd).st_size
-        if size == 0:
-            # New, or left empty by a crash: make its name durable before any line lands, so a
-            # non-empty file always has a durable directory entry.
-            _sync_directory(directory)
-        elif os.pread(fd, 1, size - 1) != b"\n":
-            payload = b"\n" + payload  # a crashed writer's partial line becomes one damaged line
-        _write_all(fd, payload)
-        if hasattr(os, "fdatasync"):
-            os.fdatasync(fd)
-        else:  # macOS has no fdatasync
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-Outcome: TypeAlias = "AppendResult | StoreError"
-
-
-class _Pending:
-    """One queued line and how its appender hears the outcome: a thread gate, or a loop's future."""
-
-    __slots__ = ("line", "started_at", "outcome", "gate", "future")
-
-    def __init__(self, line: bytes, started_at: float | None, future: asyncio.Future[AppendResult] | None) -> None:
-        self.line = line
-        self.started_at = started_at
-        self.outcome: Outcome | None = None
-        self.future = future
-        self.gate: threading.Lock | None = None
-        if future is None:
-            self.gate = threading.Lock()
-            self.gate.acquire()
-
-    def wait(self) -> AppendResult:
-        assert self.gate is not None
-        self.gate.acquire()
-        if isinstance(self.outcome, StoreError):
-            raise self.outcome
-        assert self.outcome is not None
-        return self.outcome
-
-
-def _settle(entries: Sequence[_Pending], outcomes: Sequence[Outcome]) -> None:
-    """Wake every appender: threads one by one, and each event loop once for all its futures."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[AppendResult], Outcome]]] = {}
-    for entry, outcome in zip(entries, outcomes):
-        entry.outcome = outcome
-        if entry.future is not None:
-            by_loop.setdefault(entry.future.get_loop(), []).append((entry.future, outcome))
-        elif entry.gate is not None:
-            entry.gate.release()
-    for loop, settled in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(_settle_futures, settled)
-        except RuntimeError:  # the loop is closed: nobody awaits any more; the lines are durable
-            pass
-
-
-def _settle_futures(settled: list[tuple[asyncio.Future[AppendResult], Outcome]]) -> None:
-    for future, outcome in settled:
-        if future.done():  # the awaiting task was cancelled; its record was still written
-            continue
-        if isinstance(outcome, StoreError):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
-
-
-class _RolloutQueue:
-    """Lines waiting for one rollout's committer; guarded by the store's mutex."""
-
-    __slots__ = ("rollout_id", "pending", "committing")
-
-    def __init__(self, rollout_id: str) -> None:
-        self.rollout_id = rollout_id
-        self.pending: deque[_Pending] = deque()
-        self.committing = False
-
-
-class _CommitThreads:
-    """Store-owned threads that grow on demand and retire when idle.
-
-    A job never waits for a free thread, so one rollout stuck in a slow fsync cannot hold up
-    another rollout's commits, whatever the size of the event loop's default executor.
+    A child inherits every descriptor, and an flock lasts until the last descriptor sharing it is
+    closed: a copy left open in the child would keep a parent commit's lock for the child's whole
+    life, and the child's own next commit to that rollout would wait on it forever.
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._jobs: deque[Callable[[], None]] = deque()
-        self._idle = 0
-        self._threads: set[threading.Thread] = set()
-        self._closed = False
+        self._guard = threading.Lock()  # held across fork(), so no descriptor is half-registered
+        self._open: set[int] = set()
 
-    def submit(self, job: Callable[[], None]) -> None:
-        with self._cond:
-            self._jobs.append(job)
-            if self._idle >= len(self._jobs):
-                self._cond.notify()
-                return
-            thread = threading.Thread(target=self._work, name="llmtap-store-commit", daemon=True)
-            self._threads.add(thread)
-            thread.start()
+    def open(self, path: str) -> int:
+        with self._guard:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+            self._open.add(fd)
+        return fd
 
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                self._idle += 1
-                while not self._jobs and not self._closed:
-                    if not self._cond.wait(_IDLE_THREAD_SECONDS):
-                        break
-                self._idle -= 1
-                if not self._jobs:
-                    self._threads.discard(threading.current_thread())
-                    return
-                job = self._jobs.popleft()
+    def close(self, fd: int) -> None:
+        """Close `fd`, releasing its flock."""
+        with self._guard:
+            self._open.discard(fd)
+            os.close(fd)
+
+    def before_fork(self) -> None:
+        self._guard.acquire()
+
+    def after_fork_in_parent(self) -> None:
+        self._guard.release()
+
+    def after_fork_in_child(self) -> None:
+        for fd in self._open:
             try:
-                job()
-            except Exception:  # commit jobs settle their own entries; this only guards against bugs
-                logger.exception("A capture store commit job failed unexpectedly.")
+                os.close(fd)
+            except OSError:
+                pass
+        self._open.clear()
+        self._guard.release()
 
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-            threads = list(self._threads)
-        for thread in threads:
-            if thread is not threading.current_thread():
-                thread.join()
+
+_LOCK_FILES = _LockFiles()
 
 
 class CaptureStore:
@@ -345,16 +217,13 @@ class CaptureStore:
                     f"Could not create the capture directory '{self.root}' ({_describe(exc)}); "
                     "choose a writable path."
                 ) from exc
-        self._closed = False
         self._marker_failure_logged = False
         self._reset_concurrency_state()
         _OPEN_STORES.add(self)
 
     def _reset_concurrency_state(self) -> None:
-        self._mutex = threading.Lock()
-        self._idle = threading.Condition(self._mutex)
-        self._queues: dict[str, _RolloutQueue] = {}
-        self._threads = _CommitThreads()
+        """Start with no queues and no helper threads (at construction, and in a forked child)."""
+        self._committer = GroupCommitter(self._commit)
 
     def __repr__(self) -> str:
         return f"CaptureStore('{self.root}')"
@@ -380,10 +249,7 @@ class CaptureStore:
         trying to mark the rollout incomplete; after a failed fdatasync the line may still be
         in the file, so the marker, not the file, says the capture is incomplete.
         """
-        entry, queue, lead = self._enqueue(rollout_id, record, None)
-        if lead:
-            self._lead(queue, entry)
-        return entry.wait()
+        return self._enqueue(rollout_id, record, None).wait()
 
     async def append_async(self, rollout_id: str, record: Mapping[str, Any]) -> AppendResult:
         """Append `record` and await its durability without blocking the event loop.
@@ -393,26 +259,17 @@ class CaptureStore:
         write: the record is still committed.
         """
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
-        _, queue, lead = self._enqueue(rollout_id, record, future)
-        if lead:
-            self._threads.submit(functools.partial(self._lead, queue, None))
+        self._enqueue(rollout_id, record, future)
         return await future
 
     def _enqueue(
         self, rollout_id: str, record: Mapping[str, Any], future: asyncio.Future[AppendResult] | None
-    ) -> tuple[_Pending, _RolloutQueue, bool]:
-        """Queue one encoded line; the bool says whether the caller must start committing."""
+    ) -> PendingAppend:
+        """Validate and encode one record and queue its line; a blocking append commits it here."""
         rollout_id = validate_rollout_id(rollout_id)
-        entry = _Pending(self._encode(rollout_id, record), _started_at(record), future)
-        with self._mutex:
-            if not self._closed:
-                queue = self._queues.get(rollout_id)
-                if queue is None:
-                    queue = self._queues[rollout_id] = _RolloutQueue(rollout_id)
-                queue.pending.append(entry)
-                lead = not queue.committing
-                queue.committing = True
-                return entry, queue, lead
+        entry = PendingAppend(self._encode(rollout_id, record), _started_at(record), future)
+        if self._committer.enqueue(rollout_id, entry):
+            return entry
         self.mark_incomplete(rollout_id, "a record arrived after the store was closed")
         raise StoreError(
             f"Could not append to rollout {rollout_id!r}: {self!r} is closed; "
@@ -430,51 +287,7 @@ class CaptureStore:
                 "pass a mapping with string keys and JSON-able values."
             ) from exc
 
-    def _lead(self, queue: _RolloutQueue, own: _Pending | None) -> None:
-        """Commit batches until `own` is durable, then leave the rest to a helper thread.
-
-        A helper thread passes None and commits until the queue is empty; an appender never
-        keeps committing for others once its own line is durable.
-        """
-        try:
-            while own is None or own.outcome is None:
-                with self._mutex:
-                    batch = self._take_batch(queue)
-                    if not batch:
-                        self._step_down(queue)
-                        return
-                self._commit(queue.rollout_id, batch)
-        except BaseException:
-            self._hand_off(queue)
-            raise
-        self._hand_off(queue)
-
-    def _take_batch(self, queue: _RolloutQueue) -> list[_Pending]:
-        batch: list[_Pending] = []
-        size = 0
-        while queue.pending and len(batch) < _BATCH_MAX_RECORDS:
-            if batch and size + len(queue.pending[0].line) > _BATCH_MAX_BYTES:
-                break
-            entry = queue.pending.popleft()
-            size += len(entry.line)
-            batch.append(entry)
-        return batch
-
-    def _hand_off(self, queue: _RolloutQueue) -> None:
-        with self._mutex:
-            if not queue.pending:
-                self._step_down(queue)
-                return
-        self._threads.submit(functools.partial(self._lead, queue, None))
-
-    def _step_down(self, queue: _RolloutQueue) -> None:
-        """Mark `queue` idle and forget it (the caller holds the mutex)."""
-        queue.committing = False
-        if self._queues.get(queue.rollout_id) is queue:
-            del self._queues[queue.rollout_id]
-        self._idle.notify_all()
-
-    def _commit(self, rollout_id: str, batch: list[_Pending]) -> None:
+    def _commit(self, rollout_id: str, batch: list[PendingAppend]) -> None:
         """Write one batch durably under the rollout lock; settle every entry, whatever happens."""
         try:
             lock_fd = self._lock(rollout_id)
@@ -487,26 +300,26 @@ class CaptureStore:
                 for entries, suffix, is_late in ((current, DATA_SUFFIX, False), (late, LATE_SUFFIX, True)):
                     if entries:
                         path = self._sibling(rollout_id, suffix)
-                        _append_lines_durably(path, self._directory, [entry.line for entry in entries])
-                        _settle(entries, [_append_result(path, is_late)] * len(entries))
+                        append_lines_durably(path, self._directory, [entry.line for entry in entries])
+                        settle(entries, [_append_result(path, is_late)] * len(entries))
             finally:
-                os.close(lock_fd)  # releases the flock
+                _LOCK_FILES.close(lock_fd)
         except BaseException as exc:
             self._fail(rollout_id, [entry for entry in batch if entry.outcome is None], exc)
             if not isinstance(exc, Exception):
                 raise
 
     def _lock(self, rollout_id: str) -> int:
-        """Open the rollout's lock file and take its exclusive flock; close the fd to release."""
-        fd = os.open(self._sibling(rollout_id, LOCK_SUFFIX), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
+        """Open the rollout's lock file and take its exclusive flock; `_LOCK_FILES.close` releases it."""
+        fd = _LOCK_FILES.open(self._sibling(rollout_id, LOCK_SUFFIX))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
         except BaseException:
-            os.close(fd)
+            _LOCK_FILES.close(fd)
             raise
         return fd
 
-    def _fail(self, rollout_id: str, entries: list[_Pending], exc: BaseException) -> None:
+    def _fail(self, rollout_id: str, entries: list[PendingAppend], exc: BaseException) -> None:
         self.mark_incomplete(rollout_id, f"an append failed: {_describe(exc)}")
         path = self._sibling(rollout_id, DATA_SUFFIX)
         message = (
@@ -516,7 +329,7 @@ class CaptureStore:
         errors = [StoreError(message) for _ in entries]  # one each: a shared one would mix tracebacks
         for error in errors:
             error.__cause__ = exc
-        _settle(entries, errors)
+        settle(entries, errors)
 
     def _cleared_at(self, rollout_id: str) -> float | None:
         tombstone = self._sibling(rollout_id, TOMBSTONE_SUFFIX)
@@ -547,13 +360,8 @@ class CaptureStore:
         try:
             marker = self.marker_path_for(rollout_id)
             content = orjson.dumps({"marked_at": time.time(), "reason": str(reason)}, option=orjson.OPT_APPEND_NEWLINE)
-            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, _FILE_MODE)
-            try:
-                _write_all(fd, content)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            _sync_directory(self._directory)
+            write_file_synced(marker, content)
+            sync_directory(self._directory)
         except Exception as exc:
             if not self._marker_failure_logged:
                 self._marker_failure_logged = True
@@ -588,9 +396,9 @@ class CaptureStore:
                     except FileNotFoundError:
                         pass
                 self._write_tombstone(rollout_id, time.time())
-                _sync_directory(self._directory)
+                sync_directory(self._directory)
             finally:
-                os.close(lock_fd)
+                _LOCK_FILES.close(lock_fd)
         except OSError as exc:
             raise StoreError(
                 f"Could not clear the capture of rollout {rollout_id!r} under '{self.root}' "
@@ -600,12 +408,7 @@ class CaptureStore:
     def _write_tombstone(self, rollout_id: str, cleared_at: float) -> None:
         """Write the tombstone through a synced temp file and a rename; the caller syncs the directory."""
         tombstone = self._sibling(rollout_id, TOMBSTONE_SUFFIX)
-        fd = os.open(tombstone + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, _FILE_MODE)
-        try:
-            _write_all(fd, orjson.dumps({"cleared_at": cleared_at}, option=orjson.OPT_APPEND_NEWLINE))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_file_synced(tombstone + ".tmp", orjson.dumps({"cleared_at": cleared_at}, option=orjson.OPT_APPEND_NEWLINE))
         os.replace(tombstone + ".tmp", tombstone)
 
     def rollouts(self) -> list[str]:
@@ -667,11 +470,7 @@ class CaptureStore:
 
     def close(self) -> None:
         """Wait for in-flight commits, then stop the helper threads; later appends raise StoreError."""
-        with self._mutex:
-            self._closed = True
-            while any(queue.committing for queue in self._queues.values()):
-                self._idle.wait()
-        self._threads.close()
+        self._committer.close()
         _OPEN_STORES.discard(self)
 
     def __enter__(self) -> CaptureStore:
@@ -699,4 +498,9 @@ def _reset_after_fork() -> None:
 
 
 atexit.register(_close_open_stores)
+os.register_at_fork(
+    before=_LOCK_FILES.before_fork,
+    after_in_parent=_LOCK_FILES.after_fork_in_parent,
+    after_in_child=_LOCK_FILES.after_fork_in_child,
+)
 os.register_at_fork(after_in_child=_reset_after_fork)

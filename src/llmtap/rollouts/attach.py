@@ -38,6 +38,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from llmtap._durable_files import replace_atomically
 from llmtap.correlation import rollout_id_from_run_body
 from llmtap.errors import StoreError
 from llmtap.readers import RolloutCalls, read_rollout_calls
@@ -319,22 +320,14 @@ def attach_file(
     source, target = Path(in_path), Path(out_path)
     report = AttachReport(total_bytes=source.stat().st_size)
     started = time.perf_counter()
-    temporary = target.with_name(f".{target.name}.attach-{os.getpid()}.tmp")
     try:
-        with source.open("rb") as reader, temporary.open("wb") as writer:
+        with source.open("rb") as reader, replace_atomically(target, "attach") as writer:
             for line_number, raw in enumerate(reader, start=1):
                 report.bytes_read += len(raw)
                 writer.write(_attach_line(raw, line_number, store, options, report))
                 if progress is not None and line_number % _PROGRESS_EVERY_ROWS == 0:
                     report.elapsed_s = time.perf_counter() - started
                     progress(report)
-            writer.flush()
-            os.fsync(writer.fileno())
-        os.replace(temporary, target)
-        _sync_directory(target.parent)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
     finally:
         if owned:
             store.close()
@@ -377,11 +370,3 @@ def _open_store(capture_dir: str | os.PathLike[str]) -> CaptureStore:
             "its captures to (model_call_capture_dir)."
         )
     return CaptureStore(path, create=False)
-
-
-def _sync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from llmtap._durable_files import replace_atomically
 from llmtap.correlation import ATTEMPT_INDEX_KEY, ROLLOUT_ID_KEY, ROLLOUT_INDEX_KEY, TASK_INDEX_KEY, rollout_id_from_run_body
 
 __all__ = [
@@ -165,22 +166,14 @@ def rewrite_output(output_path: Path, redispatched: set[str]) -> int:
         return 0
     dropped = 0
     seen: set[str] = set()
-    temporary = output_path.with_name(f".{output_path.name}.resume-{os.getpid()}.tmp")
-    try:
-        with temporary.open("wb") as writer:
-            for raw, row in _json_lines(output_path):
-                key = rollout_key(row) if isinstance(row, dict) else None
-                if key is None or key in seen or key in redispatched:
-                    dropped += 1 if raw.strip() else 0
-                    continue
-                seen.add(key)
-                writer.write(raw)
-            writer.flush()
-            os.fsync(writer.fileno())
-        os.replace(temporary, output_path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    with replace_atomically(output_path, "resume") as writer:
+        for raw, row in _json_lines(output_path):
+            key = rollout_key(row) if isinstance(row, dict) else None
+            if key is None or key in seen or key in redispatched:
+                dropped += 1 if raw.strip() else 0
+                continue
+            seen.add(key)
+            writer.write(raw)
     return dropped
 
 
