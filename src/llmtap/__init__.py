@@ -24,6 +24,7 @@ _EXPORTS: dict[str, str] = {
     "AgentObservations": "llmtap.rollouts.observations",
     "AppendResult": "llmtap.store",
     "AttachOptions": "llmtap.rollouts.attach",
+    "Capture": "llmtap.capture",
     "CaptureMiddleware": "llmtap.server.middleware",
     "CaptureRecordError": "llmtap.errors",
     "CaptureStore": "llmtap.store",
@@ -46,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     "attach_file": "llmtap.rollouts.attach",
     "attach_rollout": "llmtap.rollouts.attach",
     "base_url_for_run": "llmtap.correlation",
+    "capture": "llmtap.capture",
     "collect_rollouts": "llmtap.rollouts.collect",
     "current_model_sampling_segment": "llmtap.sampling",
     "current_rollout_id": "llmtap.correlation",
@@ -61,6 +63,7 @@ _EXPORTS: dict[str, str] = {
     "read_rollout_calls": "llmtap.readers",
     "resolve_model_base_url": "llmtap.correlation",
     "resolve_terminal": "llmtap.rollouts.terminal",
+    "rollout": "llmtap.capture",
     "rollout_context": "llmtap.correlation",
     "rollout_id_from_run": "llmtap.correlation",
     "rollout_id_from_run_body": "llmtap.correlation",
@@ -87,6 +90,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from .capture import Capture, capture, rollout
     from .correlation import (
         base_url_for_run,
         current_rollout_id,

@@ -73,8 +73,8 @@ def category_for_status(status: int | None) -> str | None:
 
 
 # Exception class-name fragments that mean the connection failed (httpx's ConnectError,
-# RemoteProtocolError, ReadError; aiohttp's ClientConnectorError, ServerDisconnectedError; ...).
-_CONNECTION_WORDS = ("connect", "protocol", "readerror", "writeerror", "reset", "broken", "closed")
+# RemoteProtocolError, ReadError; aiohttp's ClientConnectorError, ClientPayloadError, ServerDisconnectedError).
+_CONNECTION_WORDS = ("connect", "protocol", "payload", "readerror", "writeerror", "reset", "broken", "closed")
 
 
 def category_for_exception(exc: BaseException) -> str:

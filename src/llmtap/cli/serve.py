@@ -17,6 +17,8 @@ __all__ = ["serve"]
 @click.option("--upstream", help="Base URL of a single upstream (instead of an upstreams: block).")
 @click.option("--upstream-key-env", help="Environment variable holding the --upstream API key.")
 @click.option("--capture-dir", type=click.Path(file_okay=False, path_type=Path), help="Enable capture into DIR.")
+@click.option("--capsule", is_flag=True, help="Record into a new run capsule (under --capsule-dir) instead of a capture dir.")
+@click.option("--capsule-dir", type=click.Path(file_okay=False, path_type=Path), help="Where capsules go (default .llmtap/runs).")
 @click.option("--model-ref", help="Name for the --upstream's model_ref (type responses_api_models).")
 @click.option("--host", help="Address to bind (default 127.0.0.1).")
 @click.option("--port", type=int, help="Port to bind (default 8787).")
@@ -26,6 +28,8 @@ def serve(
     upstream: str | None,
     upstream_key_env: str | None,
     capture_dir: Path | None,
+    capsule: bool,
+    capsule_dir: Path | None,
     model_ref: str | None,
     host: str | None,
     port: int | None,
@@ -54,8 +58,15 @@ def serve(
         defaults["host"] = host
     if port is not None:
         defaults["port"] = port
+    if capsule and capture_dir is not None:
+        raise click.UsageError("Use --capsule or --capture-dir, not both: a capsule keeps its calls in its own calls/ folder.")
     try:
         config = load_serve_config(config_path, overrides, settings=defaults)
-        run_server(config)
+        if capsule:
+            from ..capsule.serve import serve_into_capsule
+
+            click.echo(f"capsule: {serve_into_capsule(config, runs_dir=capsule_dir)}", err=True)
+        else:
+            run_server(config)
     except LlmtapError as exc:
         raise click.ClickException(str(exc)) from None

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator
+from typing import Any
 
-import httpx
 import orjson
 
 from ..dialects import dialect_for_path
@@ -24,6 +23,7 @@ from ..store import CaptureStore
 from .asgi import ASGIApp, Message, Receive, Scope, Send
 from .config import ServeConfig, UpstreamConfig
 from .middleware import EXCHANGE_SCOPE_KEY, CaptureMiddleware
+from .upstream import AiohttpTransport, UpstreamResponse, UpstreamTransport, UpstreamUnreachable
 
 __all__ = ["ProxyApp", "build_app", "upstream_url"]
 
@@ -57,7 +57,7 @@ def upstream_url(base_url: str, path: str, query: bytes) -> str:
 
 
 class _Upstream:
-    """One configured upstream: its settings, its pooled client and its credential header."""
+    """One configured upstream: its settings, its pooled transport and its credential header."""
 
     def __init__(self, name: str, config: UpstreamConfig) -> None:
         self.name = name
@@ -69,15 +69,10 @@ class _Upstream:
                 self.credential = (b"x-api-key", key.encode("latin-1"))
             else:
                 self.credential = (b"authorization", b"Bearer " + key.encode("latin-1"))
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=config.max_connections,
-                max_keepalive_connections=config.max_connections,
-                keepalive_expiry=60.0,
-            ),
-            follow_redirects=False,
-            trust_env=False,
+        self.transport: UpstreamTransport = AiohttpTransport(
+            max_connections=config.max_connections,
+            connect_timeout_s=config.connect_timeout_s,
+            read_timeout_s=config.timeout_s,
         )
 
     def selects(self, dialect: str | None, model: str | None) -> bool:
@@ -100,7 +95,7 @@ class ProxyApp:
     async def aclose(self) -> None:
         """Close the pooled upstream connections."""
         for upstream in self.upstreams.values():
-            await upstream.client.aclose()
+            await upstream.transport.aclose()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -186,22 +181,15 @@ class _Forwarding:
                 return
 
     async def _forward(self, body: bytes) -> None:
-        request = self.upstream.client.build_request(
-            self.scope["method"],
-            upstream_url(self.upstream.config.base_url, self.scope["path"], self.scope.get("query_string", b"")),
-            headers=self._request_headers(),
-            content=body,
-        )
+        url = upstream_url(self.upstream.config.base_url, self.scope["path"], self.scope.get("query_string", b""))
         try:
-            response = await self.upstream.client.send(request, stream=True)
-        except httpx.HTTPError as exc:
+            response = await self.upstream.transport.send(self.scope["method"], url, self._request_headers(), body)
+        except UpstreamUnreachable as exc:
             await self._answer_unreachable(exc)
             return
         try:
-            await self.send(
-                {"type": "http.response.start", "status": response.status_code, "headers": _response_headers(response)}
-            )
-            async for chunk in _raw_chunks(response):
+            await self.send({"type": "http.response.start", "status": response.status, "headers": _response_headers(response)})
+            async for chunk in response.chunks():
                 await self.send({"type": "http.response.body", "body": chunk, "more_body": True})
             await self.send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
@@ -214,18 +202,17 @@ class _Forwarding:
             headers.append(self.upstream.credential)
         return headers
 
-    async def _answer_unreachable(self, exc: httpx.HTTPError) -> None:
-        timed_out = isinstance(exc, httpx.TimeoutException)
-        status = 504 if timed_out else 502
+    async def _answer_unreachable(self, exc: UpstreamUnreachable) -> None:
+        status = 504 if exc.timed_out else 502
         if self.exchange is not None:
-            self.exchange.exception = exc
+            self.exchange.exception = exc.cause
             self.exchange.status_synthesized = True
         payload = orjson.dumps(
             {
                 "error": {
                     "message": f"llmtap could not get a response from upstream {self.upstream.name!r}: "
-                    f"{type(exc).__name__}.",
-                    "type": "upstream_timeout" if timed_out else "upstream_unreachable",
+                    f"{type(exc.cause).__name__}.",
+                    "type": "upstream_timeout" if exc.timed_out else "upstream_unreachable",
                 }
             }
         )
@@ -239,16 +226,9 @@ class _Forwarding:
         await self.send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
-async def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The upstream body exactly as sent on the wire (no decompression), chunk by chunk."""
-    async for chunk in response.aiter_raw():
-        if chunk:
-            yield chunk
-
-
-def _response_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
+def _response_headers(response: UpstreamResponse) -> list[tuple[bytes, bytes]]:
     hop = {b"connection", b"keep-alive", b"transfer-encoding", b"proxy-authenticate", b"trailer", b"upgrade"}
-    return [(k, v) for k, v in response.headers.raw if k.lower() not in hop]
+    return [(k, v) for k, v in response.headers if k.lower() not in hop]
 
 
 async def _read_request_body(receive: Receive) -> bytes | None:
