@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
+import yaml  # type: ignore[import-untyped]
 from click.testing import CliRunner
 
 from llmtap.cli.runs import runs

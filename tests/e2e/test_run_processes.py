@@ -79,7 +79,7 @@ def test_children_workers_and_the_users_sitecustomize_all_work_and_the_exit_code
     assert manifest["error"]["type"] == "NonZeroExit"
     assert manifest["counts"]["model_calls"] == 6
     lines = [json.loads(line) for line in (capsule / "calls" / "default.capture.jsonl").read_text().splitlines()]
-    assert len({line["capture"]["pid"] for line in lines}) == 6
+    assert len({line["capture"]["pid"] for line in lines}) >= 4  # a pool worker may serve both its tasks
     assert all(line["response"]["usage"]["total_tokens"] == 22 for line in lines)
     health = json.loads((capsule / "capture-health.json").read_text())
     assert health["records"]["written"] == 6 and health["dropped"] == {}

@@ -1,0 +1,235 @@
+"""Finalising a capsule once its capture has ended, on success, failure or interruption alike.
+
+Order matters: first every path finalisation manages is checked without being opened (a
+symbolic link, FIFO or other special file the workload put there is removed, never followed,
+and reported); then the calls are read through the store's tolerant reader and projected into
+`model-calls.jsonl`; the processes' health counts are summed into `capture-health.json`;
+`env.lock` is written; and the manifest is replaced last, so `status` flips from `running` only
+once everything else is on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from typing import Any, Iterable, Mapping
+
+from .envlock import env_lock, parse_interpreter_lines
+from .health import sum_process_health
+from .manifest import iso_time
+from .writer import CapsulePaths, read_regular_file, sync_files, write_file_atomic, write_json_atomic
+
+__all__ = ["CaptureOutcome", "finalise_capsule"]
+
+HEALTH_SCHEMA_VERSION = 1
+_USAGE_KEYS = (
+    ("tokens_in", "input_tokens"),
+    ("tokens_out", "output_tokens"),
+    ("tokens_reasoning", "reasoning_tokens"),
+    ("cached_tokens", "cache_read_input_tokens"),
+    ("cache_creation_tokens", "cache_creation_input_tokens"),
+    ("tokens_total", "total_tokens"),
+)
+# Health counters that mean a record was lost or a call not fully captured.
+_LOSS_EVENTS = (
+    "record_build_failed",
+    "record_write_failed",
+    "stream_record_dropped",
+    "hook_failed",
+    "records_pending_at_close",
+    "calls_open_at_close",
+)
+
+
+class CaptureOutcome:
+    """How the captured program ended, as finalisation needs it."""
+
+    def __init__(
+        self,
+        status: str,
+        *,
+        exit_code: int | None = None,
+        error: Mapping[str, Any] | None = None,
+        ended_at: float | None = None,
+        duration_ms: float | None = None,
+    ) -> None:
+        self.status = status
+        self.exit_code = exit_code
+        self.error = dict(error) if error is not None else None
+        self.ended_at = time.time() if ended_at is None else ended_at
+        self.duration_ms = duration_ms
+
+
+def _remove_special_entries(paths: CapsulePaths) -> list[dict[str, str]]:
+    """Remove links and special files at managed paths (never following them); report each."""
+    suspects = list(paths.managed_files())
+    for directory in (paths.calls, paths.process_health):
+        try:
+            suspects.extend(directory / name for name in os.listdir(directory))
+        except OSError:
+            continue
+    removed: list[dict[str, str]] = []
+    for path in suspects:
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(mode):
+            continue
+        kind = "symlink" if stat.S_ISLNK(mode) else "fifo" if stat.S_ISFIFO(mode) else "directory" if stat.S_ISDIR(mode) else "special"
+        if kind == "directory":
+            continue
+        os.unlink(path)
+        removed.append({"path": str(path.relative_to(paths.root)), "kind": kind})
+    return removed
+
+
+def _has_calls(paths: CapsulePaths) -> bool:
+    try:
+        return any(name.endswith((".capture.jsonl", ".capture.incomplete")) for name in os.listdir(paths.calls))
+    except OSError:
+        return False
+
+
+def _project_calls(paths: CapsulePaths) -> tuple[list[bytes], dict[str, Any]]:
+    """Read every rollout's calls; return the model-calls lines and the store's view of the calls."""
+    from ..records import ModelCallRecord, aggregate_metrics
+    from ..store import CaptureStore
+    from .genai import genai_record
+
+    lines: list[bytes] = []
+    summary: dict[str, Any] = {"rollouts": {}, "unreadable_lines": 0, "torn_tails": 0, "incomplete": [], "late_writes": 0}
+    all_records: list[ModelCallRecord] = []
+    with CaptureStore(paths.calls, create=False) as store:
+        for rollout_id in store.rollouts():
+            result = store.read(rollout_id)
+            records = []
+            for call_index, line in result.entries:
+                try:
+                    record = ModelCallRecord.from_raw_line(line, call_index)
+                except ValueError:
+                    summary["unreadable_lines"] += 1
+                    continue
+                records.append(record)
+                lines.append(json.dumps(genai_record(line, record, rollout_id=rollout_id), default=str).encode() + b"\n")
+            summary["unreadable_lines"] += result.invalid_count
+            summary["torn_tails"] += int(result.torn_tail)
+            summary["late_writes"] += result.late_writes
+            if result.incomplete:
+                summary["incomplete"].append(rollout_id)
+            metrics = aggregate_metrics(records)
+            summary["rollouts"][rollout_id] = {
+                "calls": len(records),
+                "file": f"calls/{rollout_id}.capture.jsonl",
+                "errors": metrics["num_errors"],
+            }
+            all_records.extend(records)
+    summary["metrics"] = aggregate_metrics(all_records)
+    return lines, summary
+
+
+def _usage(metrics: Mapping[str, Any] | None) -> dict[str, int | None]:
+    metrics = metrics or {}
+    return {name: metrics.get(key) for key, name in _USAGE_KEYS}
+
+
+def _health_document(paths: CapsulePaths, calls: Mapping[str, Any], tampered: list[dict[str, str]]) -> dict[str, Any]:
+    processes = sum_process_health(paths.process_health)
+    totals = processes["totals"]
+    dropped = {event: totals[event] for event in _LOSS_EVENTS if totals.get(event)}
+    in_store = sum(rollout["calls"] for rollout in calls.get("rollouts", {}).values())
+    problems = bool(dropped or calls.get("unreadable_lines") or calls.get("incomplete") or tampered)
+    return {
+        "schema_version": HEALTH_SCHEMA_VERSION,
+        "run_id": paths.run_id,
+        "generated_at": iso_time(time.time()),
+        "ok": not problems,
+        "records": {
+            "captured_calls": totals.get("calls_captured", 0),
+            "written": totals.get("records_written", 0),
+            "in_store": in_store,
+            "unreadable_lines": calls.get("unreadable_lines", 0),
+            "torn_tails": calls.get("torn_tails", 0),
+            "late_writes": calls.get("late_writes", 0),
+            "incomplete_rollouts": calls.get("incomplete", []),
+        },
+        "dropped": dropped,
+        "totals": totals,
+        "processes": processes["processes"],
+        "unreadable_process_files": processes["unreadable_files"],
+        "tampered_entries": tampered,
+        "source": "counts reported by the workload's own processes",
+    }
+
+
+def _read_interpreter(paths: CapsulePaths) -> dict[str, Any] | None:
+    try:
+        return parse_interpreter_lines(read_regular_file(paths.interpreter).decode("utf-8", "replace"))
+    except OSError:
+        return None
+
+
+def finalise_capsule(
+    paths: CapsulePaths,
+    manifest: dict[str, Any],
+    outcome: CaptureOutcome,
+    *,
+    interpreter: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    injected_paths: Iterable[str] = (),
+) -> dict[str, Any]:
+    """Complete the capsule and its manifest; returns the final manifest.
+
+    `interpreter` describes the workload's Python (default: what its first process wrote to
+    `internal/interpreter`, or none); `environ` is the environment it ran with.
+    """
+    tampered = _remove_special_entries(paths)
+    if _has_calls(paths):
+        model_lines, calls = _project_calls(paths)
+    else:
+        model_lines, calls = [], {"rollouts": {}, "metrics": None}
+    write_file_atomic(paths.model_calls, b"".join(model_lines), sync=False)
+    health = _health_document(paths, calls, tampered)
+    write_json_atomic(paths.capture_health, health, sync=False)
+    if interpreter is None:
+        interpreter = _read_interpreter(paths)
+    source = str(manifest.get("capture_mode", "unknown"))
+    write_json_atomic(
+        paths.env_lock,
+        env_lock(interpreter, environ if environ is not None else os.environ, source=source, injected_paths=injected_paths),
+        sync=False,
+    )
+    sync_files([paths.model_calls, paths.capture_health, paths.env_lock])  # durable before the manifest says done
+    metrics = calls.get("metrics") or {}
+    manifest.update(
+        {
+            "status": outcome.status,
+            "ended_at": iso_time(outcome.ended_at),
+            "duration_ms": outcome.duration_ms,
+            "exit_code": outcome.exit_code,
+            "error": outcome.error,
+            "counts": {
+                "model_calls": len(model_lines),
+                "rollouts": len(calls.get("rollouts", {})),
+                "errors": metrics.get("num_errors", 0),
+                "errors_by_category": metrics.get("errors_by_category", {}),
+                "records_dropped": sum(health["dropped"].values()),
+            },
+            "usage": _usage(metrics),
+            "rollouts": calls.get("rollouts", {}),
+            "capture_health": {"ok": health["ok"], "file": paths.capture_health.name},
+            "files": {
+                "calls": "calls",
+                "model_calls": paths.model_calls.name,
+                "env_lock": paths.env_lock.name,
+                "capture_health": paths.capture_health.name,
+                **({"stdout": "outputs/stdout.txt", "stderr": "outputs/stderr.txt"} if paths.outputs.is_dir() else {}),
+            },
+        }
+    )
+    if tampered:
+        manifest["capture_tampered"] = tampered
+    write_json_atomic(paths.manifest, manifest)
+    return manifest

@@ -1,0 +1,127 @@
+"""The capsule manifest (`capsule.json`): what ran, how it ended, and what was captured.
+
+Written with status `running` when a capture starts and replaced atomically when it is
+finalised (`success`, `failure` or `interrupted`), so a capsule whose recorder was killed still
+says honestly that it never finished. Also: finding and listing capsules for `llmtap runs`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from .. import __version__
+from ..errors import LlmtapError
+from .semconv import SEMCONV_NAME, SEMCONV_VERSION
+from .ulid import ULID_PATTERN
+from .writer import CapsulePaths, read_regular_file, write_json_atomic
+
+__all__ = [
+    "MANIFEST_SCHEMA_VERSION",
+    "STATUSES",
+    "CapsuleError",
+    "find_capsule",
+    "iso_time",
+    "list_capsules",
+    "read_manifest",
+    "start_manifest",
+]
+
+MANIFEST_SCHEMA_VERSION = 1
+MANIFEST_KIND = "llmtap.run-capsule"
+STATUSES = ("running", "success", "failure", "interrupted")
+
+
+class CapsuleError(LlmtapError):
+    """Raised when a capsule cannot be found or its manifest cannot be read."""
+
+
+def iso_time(seconds: float) -> str:
+    """UTC ISO-8601 with a Z, the form every capsule time uses."""
+    return dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def start_manifest(
+    paths: CapsulePaths,
+    *,
+    capture_mode: str,
+    command: Sequence[str],
+    cwd: str,
+    started_at: float,
+    registry_source: str | None,
+) -> dict[str, Any]:
+    """Write the `running` manifest and return it (finalisation completes the same dict)."""
+    manifest: dict[str, Any] = {
+        "schema_version": MANIFEST_SCHEMA_VERSION,
+        "kind": MANIFEST_KIND,
+        "run_id": paths.run_id,
+        "capture_mode": capture_mode,
+        "status": "running",
+        "command": list(command),
+        "working_directory": cwd,
+        "started_at": iso_time(started_at),
+        "ended_at": None,
+        "duration_ms": None,
+        "exit_code": None,
+        "error": None,
+        "llmtap_version": __version__,
+        "recorder_pid": os.getpid(),
+        "semconv": {"name": SEMCONV_NAME, "version": SEMCONV_VERSION},
+        "url_registry": {"source": registry_source, "file": paths.url_registry.name},
+    }
+    write_json_atomic(paths.manifest, manifest, sync=False)  # finalisation writes the durable one
+    return manifest
+
+
+def read_manifest(capsule: Path) -> dict[str, Any]:
+    """Read a capsule's manifest; CapsuleError with the path when it is missing or damaged."""
+    path = capsule / "capsule.json"
+    try:
+        data = json.loads(read_regular_file(path))
+    except FileNotFoundError:
+        raise CapsuleError(f"'{capsule}' has no capsule.json; it is not an llmtap run capsule.") from None
+    except (OSError, ValueError) as exc:
+        raise CapsuleError(f"The manifest '{path}' cannot be read ({exc}); the capsule may be damaged.") from None
+    if not isinstance(data, dict):
+        raise CapsuleError(f"The manifest '{path}' does not hold a JSON object; the capsule is damaged.")
+    return data
+
+
+def list_capsules(runs_dir: Path) -> list[tuple[Path, dict[str, Any] | None]]:
+    """Every capsule directory under `runs_dir`, oldest first, with its manifest (None if unreadable)."""
+    try:
+        names = sorted(os.listdir(runs_dir))
+    except FileNotFoundError:
+        return []
+    result: list[tuple[Path, dict[str, Any] | None]] = []
+    for name in names:
+        directory = runs_dir / name
+        if not ULID_PATTERN.fullmatch(name) or not directory.is_dir():
+            continue
+        try:
+            result.append((directory, read_manifest(directory)))
+        except CapsuleError:
+            result.append((directory, None))
+    return result
+
+
+def find_capsule(runs_dir: Path, reference: str) -> Path:
+    """Resolve a run reference: a capsule path, a run id, a unique id prefix, or `latest`."""
+    as_path = Path(reference).expanduser()
+    if (as_path / "capsule.json").exists():
+        return as_path
+    capsules = [directory for directory, _ in list_capsules(runs_dir)]
+    if reference == "latest":
+        if not capsules:
+            raise CapsuleError(f"There are no runs under '{runs_dir}'; run 'llmtap run -- <command>' first.")
+        return capsules[-1]
+    wanted = reference.upper()
+    matches = [directory for directory in capsules if directory.name.startswith(wanted)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise CapsuleError(f"No run {reference!r} under '{runs_dir}'; list them with 'llmtap runs list'.")
+    raise CapsuleError(f"Run id prefix {reference!r} matches {len(matches)} runs; give more characters.")

@@ -1,0 +1,80 @@
+"""`llmtap serve --capsule`: the capturing proxy recording into a run capsule, for non-Python agents.
+
+The proxy app is the one `llmtap serve` builds (`server.proxy.build_app`), given a store rooted at
+the capsule's `calls/`. Calls that carry no `/ng-rollout/<id>` prefix are filed under the
+rollout `default`, the same rule as in-process capture: a thin ASGI shim in front adds that
+prefix to dialect paths before the capture middleware strips it again. The capsule is finalised
+when the server stops (Ctrl-C or SIGTERM end a server normally, so the status is `success`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..server.asgi import ASGIApp, Receive, Scope, Send
+from .finalise import CaptureOutcome, finalise_capsule
+from .manifest import start_manifest
+from .writer import CapsulePaths, create_capsule
+
+__all__ = ["DefaultRolloutPrefix", "serve_into_capsule"]
+
+_PREFIX = "/ng-rollout/"
+
+
+class DefaultRolloutPrefix:
+    """ASGI shim: gives un-prefixed dialect calls the `/ng-rollout/<default>` prefix."""
+
+    def __init__(self, app: ASGIApp, *, rollout_id: str = "default") -> None:
+        from ..store import validate_rollout_id
+
+        self.app = app
+        self.prefix = f"{_PREFIX}{validate_rollout_id(rollout_id)}"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from ..dialects import dialect_for_path
+
+        path = scope.get("path", "")
+        if scope["type"] == "http" and not path.startswith(_PREFIX) and dialect_for_path(path) is not None:
+            raw_path = scope.get("raw_path") or path.encode("utf-8")
+            scope = {**scope, "path": self.prefix + path, "raw_path": self.prefix.encode("ascii") + raw_path}
+        await self.app(scope, receive, send)
+
+
+def serve_into_capsule(config: Any, *, runs_dir: Path | None = None) -> Path:
+    """Serve `config` (a ServeConfig) until stopped, capturing into a new capsule; returns its path."""
+    import uvicorn
+
+    from ..server.proxy import build_app
+    from ..store import CaptureStore
+
+    started, started_mono = time.time(), time.perf_counter()
+    paths: CapsulePaths = create_capsule(runs_dir, with_outputs=False)
+    manifest = start_manifest(
+        paths, capture_mode="serve", command=list(sys.argv), cwd=os.getcwd(), started_at=started, registry_source=None
+    )
+    store = CaptureStore(paths.calls)
+    app = DefaultRolloutPrefix(build_app(config, store=store))
+    print(
+        f"llmtap serve on http://{config.host}:{config.port}  capturing into run capsule {paths.root}",
+        file=sys.stderr,
+        flush=True,
+    )
+    outcome = CaptureOutcome("success", exit_code=0)
+    try:
+        uvicorn.Server(
+            uvicorn.Config(app, host=config.host, port=config.port, lifespan="on", access_log=False, log_level=config.log_level)
+        ).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: the normal way to stop
+        pass
+    except BaseException as exc:
+        outcome = CaptureOutcome("failure", exit_code=1, error={"type": type(exc).__name__})
+        raise
+    finally:
+        store.close()
+        outcome.duration_ms = round((time.perf_counter() - started_mono) * 1000.0, 3)
+        finalise_capsule(paths, manifest, outcome)
+    return paths.root

@@ -1,0 +1,132 @@
+"""`llmtap runs`: list run capsules and show one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import LlmtapError
+
+__all__ = ["runs"]
+
+capsule_dir_option = click.option(
+    "--capsule-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory holding the run capsules (default: $LLMTAP_RUNS_DIR or .llmtap/runs).",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+
+
+def _runs_dir(capsule_dir: Path | None) -> Path:
+    from ..capsule.writer import default_runs_dir
+
+    return capsule_dir if capsule_dir is not None else default_runs_dir()
+
+
+def _command_text(manifest: dict[str, Any], width: int = 48) -> str:
+    text = " ".join(str(part) for part in manifest.get("command") or [])
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _tokens(manifest: dict[str, Any]) -> str:
+    usage = manifest.get("usage") or {}
+    parts = [f"{usage[key]}" if usage.get(key) is not None else "?" for key in ("input_tokens", "output_tokens")]
+    return "/".join(parts)
+
+
+@click.group()
+def runs() -> None:
+    """Look at the run capsules `llmtap run` and `llmtap.capture()` wrote."""
+
+
+@runs.command("list")
+@capsule_dir_option
+@json_option
+def list_runs(capsule_dir: Path | None, as_json: bool) -> None:
+    """List runs, oldest first: id, status, exit code, calls, tokens in/out, command."""
+    from ..capsule.manifest import list_capsules
+
+    found = list_capsules(_runs_dir(capsule_dir))
+    if as_json:
+        click.echo(json.dumps([manifest or {"run_id": path.name, "status": "unreadable"} for path, manifest in found], indent=2))
+        return
+    if not found:
+        click.echo(f"No runs under '{_runs_dir(capsule_dir)}'.")
+        return
+    click.echo(f"{'RUN':26}  {'STATUS':11}  {'EXIT':>4}  {'CALLS':>5}  {'TOKENS IN/OUT':>13}  {'STARTED':20}  COMMAND")
+    for path, manifest in found:
+        if manifest is None:
+            click.echo(f"{path.name:26}  {'unreadable':11}")
+            continue
+        exit_code = manifest.get("exit_code")
+        counts = manifest.get("counts") or {}
+        click.echo(
+            f"{path.name:26}  {manifest.get('status', '?'):11}  {'' if exit_code is None else exit_code:>4}  "
+            f"{counts.get('model_calls', ''):>5}  {_tokens(manifest):>13}  {str(manifest.get('started_at', ''))[:19]:20}  "
+            f"{_command_text(manifest)}"
+        )
+
+
+@runs.command("show")
+@click.argument("run_ref", metavar="RUN", default="latest")
+@capsule_dir_option
+@json_option
+@click.option("--calls/--no-calls", default=True, help="List the captured calls (default: yes).")
+def show_run(run_ref: str, capsule_dir: Path | None, as_json: bool, calls: bool) -> None:
+    """Show one run (an id, a unique id prefix, a capsule path, or `latest`)."""
+    from ..capsule.manifest import find_capsule, read_manifest
+
+    try:
+        capsule = find_capsule(_runs_dir(capsule_dir), run_ref)
+        manifest = read_manifest(capsule)
+    except LlmtapError as exc:
+        raise click.ClickException(str(exc)) from None
+    model_calls = _model_calls(capsule) if calls else []
+    if as_json:
+        click.echo(json.dumps({"capsule": str(capsule), "manifest": manifest, "model_calls": model_calls}, indent=2))
+        return
+    counts = manifest.get("counts") or {}
+    usage = manifest.get("usage") or {}
+    lines = [
+        f"run         {manifest.get('run_id')}  ({capsule})",
+        f"status      {manifest.get('status')}  exit {manifest.get('exit_code')}",
+        f"command     {' '.join(manifest.get('command') or [])}",
+        f"directory   {manifest.get('working_directory')}",
+        f"started     {manifest.get('started_at')}  ended {manifest.get('ended_at')}  ({manifest.get('duration_ms')} ms)",
+        f"calls       {counts.get('model_calls', 0)} in {counts.get('rollouts', 0)} rollout(s), "
+        f"{counts.get('errors', 0)} error(s), {counts.get('records_dropped', 0)} record(s) dropped",
+        "usage       " + ", ".join(f"{key}={value}" for key, value in usage.items() if value is not None),
+    ]
+    if manifest.get("error"):
+        lines.append(f"error       {json.dumps(manifest['error'])}")
+    health = manifest.get("capture_health") or {}
+    lines.append(f"health      {'ok' if health.get('ok') else 'see capture-health.json'}")
+    for line in lines:
+        click.echo(line)
+    for call in model_calls:
+        attributes = call.get("attributes", {})
+        click.echo(
+            f"  {call.get('rollout_id')}#{call.get('call_index')}  {call.get('name')}  "
+            f"{attributes.get('gen_ai.provider.name')}  {call.get('status')}  "
+            f"in={attributes.get('gen_ai.usage.input_tokens')} out={attributes.get('gen_ai.usage.output_tokens')}  "
+            f"{call.get('duration_ms')} ms"
+        )
+
+
+def _model_calls(capsule: Path) -> list[dict[str, Any]]:
+    from ..capsule.writer import read_regular_file
+
+    try:
+        text = read_regular_file(capsule / "model-calls.jsonl").decode("utf-8")
+    except OSError:
+        return []
+    result = []
+    for line in text.splitlines():
+        try:
+            result.append(json.loads(line))
+        except ValueError:
+            continue
+    return result

@@ -1,0 +1,100 @@
+"""Capture inside a process started by `llmtap run`, from the moment it imports an HTTP library.
+
+The injected `sitecustomize` calls `start(capsule)` when the workload first imports a hooked
+library: this process gets a process-wide capture writing into the capsule's `calls/`, using
+the registry the recorder compiled (`url_registry.json`), and the hooks are installed as each
+library is imported. `spec_notifying` finds the library being imported right now and makes sure
+its hook goes in as soon as it has executed.
+
+Durability: the workload's main process (the direct child of `llmtap run`) queues records and
+writes them at once in the background, flushing at exit; any other process (subprocesses,
+multiprocessing workers, forked children) makes each record durable before the call returns,
+because such processes often end without running exit handlers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .install import acquire_hooks, hook_module
+from .postimport import PostImportFinder
+from .registry import load_registry, registry_from_data
+from .session import CaptureSession, process_health_name, set_process_session
+
+__all__ = ["CAPSULE_ENV", "LIBPATH_ENV", "RECORDER_PID_ENV", "spec_notifying", "start"]
+
+CAPSULE_ENV = "LLMTAP_RUN_CAPSULE"
+RECORDER_PID_ENV = "LLMTAP_RUN_RECORDER_PID"
+LIBPATH_ENV = "LLMTAP_RUN_LIBPATH"
+
+_session: CaptureSession | None = None
+
+
+def _registry(capsule: Path) -> Any:
+    try:
+        data = json.loads((capsule / "url_registry.json").read_text(encoding="utf-8"))
+        return registry_from_data(data["registry"], source=str(data.get("source")))
+    except (OSError, ValueError, KeyError):
+        return load_registry()  # the recorder always writes the file; this is a fallback only
+
+
+def start(capsule: str | os.PathLike[str]) -> CaptureSession:
+    """Start this process's capture into `capsule` (idempotent) and install the hooks."""
+    global _session
+    if _session is not None:
+        return _session
+    root = Path(capsule)
+    recorder = os.environ.get(RECORDER_PID_ENV, "")
+    main_process = recorder.isdigit() and os.getppid() == int(recorder)
+    _session = CaptureSession(
+        root / "calls",
+        registry=_registry(root),
+        durability="background" if main_process else "call",
+        health_path=root / "internal" / "health" / process_health_name(),
+    )
+    set_process_session(_session)
+    acquire_hooks()
+    return _session
+
+
+class _Notify:
+    """Loader wrapper: after the real loader executed the module, install its hook."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        create = getattr(self._loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        try:
+            hook_module(module)
+        except Exception as exc:  # never break the workload's import
+            if _session is not None:
+                _session.failure("hook_install_failed", module.__name__, exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+def spec_notifying(name: str, path: Any, target: Any, *, skip: object) -> Any:
+    """Find `name` with the other finders and wrap its loader so its hook is installed after it runs."""
+    for finder in list(sys.meta_path):
+        if finder is skip or isinstance(finder, PostImportFinder):
+            continue
+        find = getattr(finder, "find_spec", None)
+        if find is None:
+            continue
+        spec = find(name, path, target)
+        if spec is not None:
+            if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = _Notify(spec.loader)
+            return spec
+    return None

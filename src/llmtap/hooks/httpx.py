@@ -1,0 +1,213 @@
+"""Hooks for httpx and httpx2 (openai 3.x and anthropic 2.x build httpx2 clients by default).
+
+Choke point: `Client.send` and `AsyncClient.send`. Every public request method (`get`, `post`,
+`stream`, `request`, the module-level `httpx.post`) and every SDK built on httpx ends in `send`,
+whatever transport the client uses (the default pool, a proxy, a custom or mock transport), and
+`send` is called once per call however many redirects or auth round-trips happen inside it. The
+transports' `handle_request` would see each redirect hop as a call and miss custom transports.
+
+The wrapper asks the original `send` for a streamed response, puts a tee around the response
+byte stream (raw wire bytes, with their arrival times), and then, if the caller did not ask for
+a stream, reads the body exactly as httpx's own `send` would (closing the response if that
+fails). The record is finished when the body is fully read, the response closed, or the stream
+garbage-collected. httpcore below is never hooked, so a call is recorded once.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+from typing import Any, AsyncIterator, Callable, Iterator
+
+from .base import Hook, Patch, claim_call, inside_hooked_call, release_call
+from .session import CapturedCall, active_session, open_call
+
+__all__ = ["Httpx2Hook", "HttpxHook"]
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _open(hook: str, request: Any) -> CapturedCall | None:
+    try:
+        url = request.url
+        try:
+            body: bytes | None = request.content
+        except Exception:  # a streaming upload not read yet: recorded without its body
+            body = None
+        port = url.port or _DEFAULT_PORTS.get(url.scheme)
+        return open_call(hook, request.method, url.host, port, url.path, request.headers.raw, body)
+    except Exception:  # an unusual request object: not captured, and httpx decides what happens
+        return None
+
+
+def _sync_tee_class(base: type) -> type:
+    class TeeSyncStream(base):  # type: ignore[misc]
+        """Passes the response bytes through unchanged and shows each chunk to the call."""
+
+        def __init__(self, inner: Any, call: CapturedCall) -> None:
+            self._inner = inner
+            self._call = call
+
+        def __iter__(self) -> Iterator[bytes]:
+            call = self._call
+            try:
+                for chunk in self._inner:
+                    call.add_chunk(chunk)
+                    yield chunk
+            except GeneratorExit:
+                call.finish_unattended("abandoned")
+                raise
+            except BaseException as exc:
+                call.finish("error", exc)
+                raise
+            call.finish("eof")
+
+        def close(self) -> None:
+            try:
+                self._inner.close()
+            finally:
+                self._call.finish("closed")
+
+        def __del__(self) -> None:
+            call = self.__dict__.get("_call")
+            if call is not None and not call.done:
+                call.finish_unattended("collected")
+
+    return TeeSyncStream
+
+
+def _async_tee_class(base: type) -> type:
+    class TeeAsyncStream(base):  # type: ignore[misc]
+        """Async twin of the sync tee."""
+
+        def __init__(self, inner: Any, call: CapturedCall) -> None:
+            self._inner = inner
+            self._call = call
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            call = self._call
+            try:
+                async for chunk in self._inner:
+                    call.add_chunk(chunk)
+                    yield chunk
+            except GeneratorExit:
+                call.finish_unattended("abandoned")
+                raise
+            except BaseException as exc:
+                await call.afinish("error", exc)
+                raise
+            await call.afinish("eof")
+
+        async def aclose(self) -> None:
+            try:
+                await self._inner.aclose()
+            finally:
+                await self._call.afinish("closed")
+
+        def __del__(self) -> None:
+            call = self.__dict__.get("_call")
+            if call is not None and not call.done:
+                call.finish_unattended("collected")
+
+    return TeeAsyncStream
+
+
+def _attach(call: CapturedCall, response: Any, tee: type) -> None:
+    """Put the tee around the response stream; on any failure the call is dropped, never the response."""
+    try:
+        call.set_response(response.status_code, response.headers.raw)
+        try:
+            content = response.content  # a transport that answers whole (mock, ASGI) has read it already
+        except Exception:
+            response.stream = tee(response.stream, call)
+            return
+        call.mark_body_decoded()  # `content` is after content decoding
+        call.add_chunk(content)
+        call.finish("eof")
+    except Exception as exc:
+        call.session.failure("hook_failed", call.hook, exc)
+        call.finish_unattended("hook_failed")
+
+
+def _sync_send(hook: str, tee: type, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if inside_hooked_call() or active_session() is None:
+            return original(self, request, *args, **kwargs)
+        token = claim_call()
+        try:
+            call = _open(hook, request)
+            if call is None:
+                return original(self, request, *args, **kwargs)
+            wants_stream = kwargs.get("stream", False)
+            kwargs["stream"] = True
+            try:
+                response = original(self, request, *args, **kwargs)
+            except BaseException as exc:
+                call.finish("error", exc)
+                raise
+            _attach(call, response, tee)
+            if not wants_stream:
+                try:
+                    response.read()
+                except BaseException:
+                    response.close()
+                    raise
+            return response
+        finally:
+            release_call(token)
+
+    return send
+
+
+def _async_send(hook: str, tee: type, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if inside_hooked_call() or active_session() is None:
+            return await original(self, request, *args, **kwargs)
+        token = claim_call()
+        try:
+            call = _open(hook, request)
+            if call is None:
+                return await original(self, request, *args, **kwargs)
+            wants_stream = kwargs.get("stream", False)
+            kwargs["stream"] = True
+            try:
+                response = await original(self, request, *args, **kwargs)
+            except BaseException as exc:
+                await call.afinish("error", exc)
+                raise
+            _attach(call, response, tee)
+            if not wants_stream:
+                try:
+                    await response.aread()
+                except BaseException:
+                    await response.aclose()
+                    raise
+            return response
+        finally:
+            release_call(token)
+
+    return send
+
+
+class HttpxHook(Hook):
+    """Captures model calls made with httpx clients."""
+
+    name = "httpx"
+    module_name = "httpx"
+
+    def _make_patches(self, module: ModuleType) -> list[Patch]:
+        sync_tee = _sync_tee_class(module.SyncByteStream)
+        async_tee = _async_tee_class(module.AsyncByteStream)
+        return [
+            Patch(module.Client, "send", functools.partial(_sync_send, self.name, sync_tee)),
+            Patch(module.AsyncClient, "send", functools.partial(_async_send, self.name, async_tee)),
+        ]
+
+
+class Httpx2Hook(HttpxHook):
+    """Captures model calls made with httpx2 clients (same API as httpx, separate classes)."""
+
+    name = "httpx2"
+    module_name = "httpx2"

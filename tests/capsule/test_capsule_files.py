@@ -1,0 +1,116 @@
+"""Capsule files: env.lock safety, per-process health sums, tamper-proof finalisation, run lookup, ids."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from llmtap.capsule.envlock import env_lock, interpreter_lines, parse_interpreter_lines, safe_environment, scan_packages
+from llmtap.capsule.finalise import CaptureOutcome, finalise_capsule
+from llmtap.capsule.health import sum_process_health, write_process_health
+from llmtap.capsule.manifest import CapsuleError, find_capsule, list_capsules, start_manifest
+from llmtap.capsule.ulid import new_ulid, ulid_time
+from llmtap.capsule.writer import create_capsule
+
+
+def test_the_safe_environment_keeps_allowlisted_names_and_withholds_secrets() -> None:
+    environ = {
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C",
+        "PATH": "/usr/bin",
+        "OPENAI_API_KEY": "sk-proj-abc",
+        "AWS_SECRET_ACCESS_KEY": "x",
+        "GITHUB_TOKEN": "ghp_x",
+        "HOME": "/root",
+        "PIP_INDEX_URL": "https://user:pass@pypi.internal/simple",
+        "LLMTAP_SESSION_TOKEN": "t",
+    }
+    kept, withheld = safe_environment(environ)
+    assert kept == {"LANG": "C.UTF-8", "LC_ALL": "C", "PATH": "/usr/bin"}
+    assert withheld == 6
+    assert "sk-proj" not in json.dumps(env_lock(None, environ, source="run"))
+
+
+def test_packages_are_read_from_dist_info_names_and_metadata(tmp_path: Path) -> None:
+    (tmp_path / "requests-2.34.2.dist-info").mkdir()
+    weird = tmp_path / "odd_pkg-1.0-py3.11.egg-info"
+    weird.mkdir()
+    (weird / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: odd-pkg\nVersion: 1.0\n\nbody\n")
+    shadowed = tmp_path / "later"
+    (shadowed / "requests-1.0.dist-info").mkdir(parents=True)
+    packages = scan_packages([str(tmp_path), str(shadowed)])
+    assert [(p["name"], p["version"]) for p in packages] == [("odd-pkg", "1.0"), ("requests", "2.34.2")]
+
+
+def test_the_interpreter_notes_round_trip() -> None:
+    info = parse_interpreter_lines(interpreter_lines())
+    assert info["executable"] and info["version"] and isinstance(info["path"], list)
+
+
+def test_process_health_files_are_summed(tmp_path: Path) -> None:
+    write_process_health(tmp_path / "1-a.json", {"records_written": 2, "record_write_failed": 1})
+    write_process_health(tmp_path / "2-b.json", {"records_written": 3})
+    (tmp_path / "3-c.json").write_text("{not json")
+    summed = sum_process_health(tmp_path)
+    assert summed["totals"] == {"record_write_failed": 1, "records_written": 5}
+    assert summed["unreadable_files"] == 1
+    assert len(summed["processes"]) == 2
+
+
+def _capsule(tmp_path: Path, run_id: str | None = None) -> tuple[Path, dict]:  # type: ignore[type-arg]
+    paths = create_capsule(tmp_path / "runs", run_id=run_id)
+    manifest = start_manifest(paths, capture_mode="run", command=["python", "x.py"], cwd="/w", started_at=1.0, registry_source=None)
+    return paths.root, manifest
+
+
+def test_finalisation_removes_links_and_fifos_without_following_them(tmp_path: Path) -> None:
+    from llmtap.capsule.writer import CapsulePaths
+
+    root, manifest = _capsule(tmp_path)
+    paths = CapsulePaths(root)
+    outside = tmp_path / "host-file.txt"
+    outside.write_text("do not touch")
+    os.symlink(outside, paths.model_calls)
+    os.mkfifo(paths.env_lock)
+    os.symlink(outside, paths.calls / "default.capture.jsonl")
+    final = finalise_capsule(paths, manifest, CaptureOutcome("success", exit_code=0))
+    assert outside.read_text() == "do not touch"
+    assert sorted(entry["kind"] for entry in final["capture_tampered"]) == ["fifo", "symlink", "symlink"]
+    assert paths.model_calls.is_file() and not paths.model_calls.is_symlink()
+    health = json.loads(paths.capture_health.read_text())
+    assert health["ok"] is False and len(health["tampered_entries"]) == 3
+
+
+def test_a_failed_run_is_finalised_with_its_error_and_a_non_python_env_lock(tmp_path: Path) -> None:
+    from llmtap.capsule.writer import CapsulePaths
+
+    root, manifest = _capsule(tmp_path)
+    error = {"type": "NonZeroExit", "message": "The command exited with code 3."}
+    final = finalise_capsule(CapsulePaths(root), manifest, CaptureOutcome("failure", exit_code=3, error=error))
+    assert (final["status"], final["exit_code"], final["error"]) == ("failure", 3, error)
+    assert final["counts"]["model_calls"] == 0
+    assert json.loads((root / "env.lock").read_text())["python"] is None
+    assert json.loads((root / "capsule.json").read_text())["status"] == "failure"
+
+
+def test_runs_are_found_by_id_prefix_path_and_latest(tmp_path: Path) -> None:
+    first, _ = _capsule(tmp_path, new_ulid(now_ms=1_700_000_000_000))
+    second, _ = _capsule(tmp_path, new_ulid(now_ms=1_800_000_000_000))
+    runs = tmp_path / "runs"
+    assert [path for path, _ in list_capsules(runs)] == [first, second]
+    assert find_capsule(runs, "latest") == second
+    assert find_capsule(runs, second.name[:8].lower()) == second
+    assert find_capsule(runs, str(first)) == first
+    with pytest.raises(CapsuleError, match="No run"):
+        find_capsule(runs, "ZZZZ")
+
+
+def test_ulids_sort_by_creation_and_carry_their_time() -> None:
+    ids = [new_ulid() for _ in range(200)]
+    assert ids == sorted(ids) and len(set(ids)) == 200
+    assert abs(ulid_time(new_ulid(now_ms=1_700_000_000_000)) - 1_700_000_000.0) < 0.001
+    with pytest.raises(ValueError):
+        ulid_time("not-a-ulid")

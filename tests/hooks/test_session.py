@@ -1,0 +1,127 @@
+"""The active capture: binding at open, drops counted, fail-open, durability, rollouts, fork."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import llmtap.capture as capture_api
+from llmtap.hooks.registry import load_registry, vendored_registry_path
+from llmtap.hooks.session import CaptureSession, CapturedCall, reset_session, use_session
+from tests.fixtures import fixture
+from tests.hooks.conftest import recorded_lines
+
+JSON_FIXTURE = fixture("chat/text-basic-gpt4o")
+STREAM_FIXTURE = fixture("chat/text-stream-include-usage-gpt4")
+
+
+def _session(tmp_path: Path, name: str, **options: Any) -> CaptureSession:
+    return CaptureSession(
+        tmp_path / name / "calls",
+        registry=load_registry(vendored_registry_path()),
+        health_path=tmp_path / name / "health.json",
+        **options,
+    )
+
+
+def test_a_stream_ending_after_its_capture_closed_is_dropped_and_counted_there(
+    capture_session: CaptureSession, replay_upstream: Any, tmp_path: Path
+) -> None:
+    url = replay_upstream.base_url + "/v1/chat/completions"
+    client = httpx.Client()
+    response = client.send(client.build_request("POST", url, json=STREAM_FIXTURE.request_json), stream=True)
+    capture_session.close()  # the capture that opened the stream ends first
+    later = _session(tmp_path, "later")
+    token = use_session(later)
+    try:
+        body = response.read()  # the stream ends while another capture is active
+    finally:
+        reset_session(token)
+        later.close()
+        client.close()
+    assert body == STREAM_FIXTURE.body_bytes
+    assert capture_session.health.snapshot()["stream_record_dropped"] == 1
+    assert recorded_lines(capture_session) == []
+    assert later.store.read("default").entries == []
+    assert json.loads((tmp_path / "health.json").read_text())["counts"]["stream_record_dropped"] == 1
+
+
+def test_a_failing_record_builder_never_changes_the_result_and_is_counted(
+    capture_session: CaptureSession, replay_upstream: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(call: CapturedCall) -> Any:
+        raise ValueError("secret prompt text must never be logged")
+
+    capture_session.line_builder = broken
+    url = replay_upstream.base_url + "/v1/chat/completions"
+    with httpx.Client() as client:
+        results = [client.post(url, json=JSON_FIXTURE.request_json).content for _ in range(3)]
+    assert results == [JSON_FIXTURE.body_bytes] * 3
+    assert recorded_lines(capture_session) == []
+    assert capture_session.health.snapshot()["record_build_failed"] == 3
+    assert "record_build_failed" in caplog.text and "ValueError" in caplog.text
+    assert "secret prompt" not in caplog.text
+
+
+def test_a_failing_tee_never_changes_the_stream_and_is_counted(
+    capture_session: CaptureSession, replay_upstream: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: Any, data: bytes) -> None:
+        raise RuntimeError("tee bug")
+
+    monkeypatch.setattr("llmtap.exchange.Exchange.add_response_chunk", broken)
+    url = replay_upstream.base_url + "/v1/chat/completions"
+    with httpx.Client() as client:
+        with client.stream("POST", url, json=STREAM_FIXTURE.request_json) as response:
+            body = b"".join(response.iter_bytes())
+    assert body == STREAM_FIXTURE.body_bytes
+    assert capture_session.health.snapshot()["hook_failed"] == 1
+    assert recorded_lines(capture_session) == []
+
+
+def test_call_durability_writes_the_record_before_the_call_returns(replay_upstream: Any, tmp_path: Path) -> None:
+    session = _session(tmp_path, "durable", durability="call")
+    with capture_api.capture(capture_dir=tmp_path / "unused"):  # installs the hooks
+        token = use_session(session)
+        try:
+            with httpx.Client() as client:
+                client.post(replay_upstream.base_url + "/v1/chat/completions", json=JSON_FIXTURE.request_json)
+            on_disk = (tmp_path / "durable" / "calls" / "default.capture.jsonl").read_bytes()
+        finally:
+            reset_session(token)
+            session.close()
+    assert len(on_disk.splitlines()) == 1
+
+
+def test_rollout_blocks_and_url_prefixes_choose_the_rollout_file(capture_session: CaptureSession, replay_upstream: Any) -> None:
+    with httpx.Client() as client:
+        with capture_api.rollout("task-7"):
+            client.post(replay_upstream.base_url + "/v1/chat/completions", json=JSON_FIXTURE.request_json)
+        client.post(replay_upstream.base_url + "/ng-rollout/3-1/v1/chat/completions", json=JSON_FIXTURE.request_json)
+        client.post(replay_upstream.base_url + "/v1/chat/completions", json=JSON_FIXTURE.request_json)
+    assert [line["rollout_id"] for line in recorded_lines(capture_session, "task-7")] == ["task-7"]
+    assert [line["rollout_id"] for line in recorded_lines(capture_session, "3-1")] == ["3-1"]
+    assert [line["rollout_id"] for line in recorded_lines(capture_session)] == ["default"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_records_durably_even_when_it_ends_with_os_exit(capture_session: CaptureSession, replay_upstream: Any) -> None:
+    url = replay_upstream.base_url + "/v1/chat/completions"
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            with httpx.Client() as client:
+                code = 0 if client.post(url, json=JSON_FIXTURE.request_json).status_code == 200 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    lines = recorded_lines(capture_session)
+    assert [line["capture"]["pid"] for line in lines] == [pid]
+    assert capture_session.health.snapshot().get("records_written", 0) == 0  # the child counts its own
