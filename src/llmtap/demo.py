@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
+from .agents.simple import ADD_TOOL
 from .correlation import base_url_for_run
 from .display import calls_table, metrics_line
 from .localmodel import LocalModelServer
@@ -24,20 +25,6 @@ from .readers import aggregate_model_call_metrics, read_rollout_calls
 from .store import CaptureStore
 
 __all__ = ["AgentRun", "ServeProcess", "run_demo", "run_tool_agent"]
-
-ADD_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers and return their sum.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
-
 
 @dataclass
 class AgentRun:
