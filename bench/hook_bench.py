@@ -27,7 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from http.server import BaseHTTPRequestHandler
+# ThreadingHTTPServer is used by the upstream subprocess, which imports this module by name.
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: F401
 from pathlib import Path
 from typing import Any, Callable
 
