@@ -19,6 +19,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from typing import Any, Mapping
 
@@ -276,10 +277,10 @@ class _CapturedCall:
         # Shielded: a cancelled call must still leave its record (nothing lost silently).
         await asyncio.shield(self._commit())
         if self.response_started and not self.exchange.cancelled:
-            try:
+            # The bytes held for durability still belong to the client. If they cannot be sent
+            # either, the original exception is what the caller re-raises, so this one goes.
+            with contextlib.suppress(BaseException):
                 await self._release(send)
-            except BaseException:
-                pass
 
     async def _commit(self) -> None:
         """Build and durably store the record; a failure is counted and never raised."""
