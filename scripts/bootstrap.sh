@@ -11,7 +11,7 @@ extras="${1:-model,test}"
 python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
 no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-marker="$HOME/.cache/llmtap/llama-wheel-no-amx"
+marker="${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/llmtap/llama-wheel-no-amx"
 if [ ! -f "$marker" ]; then
   .venv/bin/pip cache remove 'llama_cpp_python*' >/dev/null 2>&1 || true
 fi
