@@ -72,3 +72,19 @@ def test_records_list_counts_calls(tmp_path: Path) -> None:
     assert result.exit_code == 0
     cells = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in result.output.splitlines() if line.count("│") > 3}
     assert cells["a"] == "1" and cells["b"] == "2"
+
+
+def test_records_status_says_where_and_what(tmp_path: Path) -> None:
+    with CaptureStore(tmp_path) as store:
+        _capture(store, "a", "chat/text-basic-gpt4o")
+        _capture(store, "b", "messages/error-404-model-not-found")
+        store.mark_incomplete("b", "test")
+        size = store.size_of("a") + store.size_of("b")
+    with (tmp_path / "b.capture.jsonl").open("ab") as handle:
+        handle.write(b"{broken\n")
+    result = CliRunner().invoke(main, ["records", "status", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert f"directory: {tmp_path}" in result.output
+    assert "rollouts: 2  calls: 2  errors: 1" in result.output
+    assert f"size: {size + len(b'{broken' + bytes([10])):,} bytes" in result.output
+    assert "damaged lines: 1" in result.output and "incomplete (a write failed): b" in result.output

@@ -429,6 +429,17 @@ class CaptureStore:
                     found.add(stem)
         return sorted(found)
 
+    def size_of(self, rollout_id: str) -> int:
+        """Return the size in bytes of a rollout's capture file (0 when it has none)."""
+        try:
+            return os.stat(self.path_for(rollout_id)).st_size
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            raise StoreError(
+                f"Could not stat '{self.path_for(rollout_id)}' ({_describe(exc)}); check its permissions."
+            ) from exc
+
     def read(self, rollout_id: str, *, strict: bool = False) -> ReadResult:
         """Read a rollout's capture without locking; damaged lines are skipped and counted.
 

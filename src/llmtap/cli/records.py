@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import LlmtapError
-from ..readers import aggregate_model_call_metrics, read_rollout_calls
 from ..display import calls_table, format_value, metrics_line
+from ..readers import aggregate_model_call_metrics, read_rollout_calls
 from ..store import CaptureStore
 
 __all__ = ["records"]
@@ -55,6 +55,30 @@ def list_rollouts(capture_dir: Path) -> None:
             ",".join(flags),
         )
     Console().print(table)
+
+
+@records.command("status")
+@capture_dir_argument
+def status(capture_dir: Path) -> None:
+    """Print where a capture directory is and what it holds: rollouts, calls, size, problems."""
+    store = _open_store(capture_dir)
+    rollouts = store.rollouts()
+    calls = errors = unreadable = size = 0
+    incomplete: list[str] = []
+    late = 0
+    for rollout_id in rollouts:
+        read = _read(store, rollout_id)
+        calls += len(read.records)
+        errors += sum(1 for record in read.records if record.error_category is not None)
+        unreadable += len(read.unreadable_lines)
+        late += read.late_writes
+        size += store.size_of(rollout_id)
+        if read.incomplete:
+            incomplete.append(rollout_id)
+    click.echo(f"directory: {store.root}")
+    click.echo(f"rollouts: {len(rollouts)}  calls: {calls}  errors: {errors}  size: {size:,} bytes")
+    click.echo(f"damaged lines: {unreadable}  late writes set aside: {late}")
+    click.echo(f"incomplete (a write failed): {', '.join(incomplete) if incomplete else 'none'}")
 
 
 @records.command("path")
