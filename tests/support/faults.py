@@ -44,11 +44,10 @@ import struct
 import threading
 from dataclasses import dataclass
 from http import HTTPStatus
-from types import TracebackType
 from typing import Any
 
 from tests.fixtures import RecordedExchange, fixture
-from tests.support.servers import LOOPBACK, bound_socket, free_port
+from tests.support.servers import LOOPBACK, StopsOnExit, bound_socket, free_port
 
 __all__ = [
     "DEFAULT_FIXTURES",
@@ -159,7 +158,7 @@ class _Answer:
     is_stream: bool
 
 
-class FaultUpstream:
+class FaultUpstream(StopsOnExit):
     """Serves the faults listed in the module docstring from a raw asyncio server.
 
     Usage::
@@ -223,17 +222,6 @@ class FaultUpstream:
         await asyncio.gather(*self._handlers, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
-
-    def __enter__(self) -> FaultUpstream:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     @property
     def base_url(self) -> str:

@@ -26,13 +26,12 @@ import json
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
 from tests.fixtures import RecordedExchange, all_fixtures
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, StopsOnExit
 
 __all__ = ["FIXTURE_HEADER", "ReceivedRequest", "ReplayUpstream", "split_into_pieces"]
 
@@ -72,7 +71,7 @@ def _canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-class ReplayUpstream:
+class ReplayUpstream(StopsOnExit):
     """An ASGI app answering with recorded exchanges; `start()` serves it on loopback.
 
     Usage::
@@ -118,17 +117,6 @@ class ReplayUpstream:
         if self._server is not None:
             self._server.stop()
             self._server = None
-
-    def __enter__(self) -> ReplayUpstream:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     @property
     def base_url(self) -> str:

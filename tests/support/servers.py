@@ -6,14 +6,16 @@ import socket
 import threading
 import time
 from types import TracebackType
+from typing import TypeVar
 
 import httpx
 import uvicorn
 from starlette.types import ASGIApp
 
-__all__ = ["ServerThread", "free_port", "run_uvicorn_in_thread", "wait_for_http"]
+__all__ = ["ServerThread", "StopsOnExit", "free_port", "run_uvicorn_in_thread", "wait_for_http"]
 
 LOOPBACK = "127.0.0.1"
+_Self = TypeVar("_Self", bound="StopsOnExit")
 
 
 def free_port() -> int:
@@ -36,7 +38,25 @@ def bound_socket(port: int = 0) -> socket.socket:
     return sock
 
 
-class ServerThread:
+class StopsOnExit:
+    """`with` support for the loopback servers here: leaving the block calls `stop()`."""
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Self) -> _Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class ServerThread(StopsOnExit):
     """An ASGI app served by uvicorn on loopback from a daemon thread.
 
     The socket is bound before the thread starts, so `port` is settled at construction.
@@ -87,17 +107,6 @@ class ServerThread:
         if self._thread.is_alive():
             self._thread.join(timeout)
         self._socket.close()
-
-    def __enter__(self) -> ServerThread:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def run_uvicorn_in_thread(app: ASGIApp, port: int = 0) -> ServerThread:
