@@ -42,11 +42,14 @@ import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+# tests.fixtures is the one place that finds the recorded exchanges ($LLMTAP_FIXTURES_DIR, else shared/).
+sys.path.insert(0, str(ROOT))
 
 from llmtap.exchange import Exchange  # noqa: E402
 from llmtap.records import raw_line_from_exchange  # noqa: E402
 from llmtap.rollouts.attach import attach_file  # noqa: E402
 from llmtap.store import CaptureStore  # noqa: E402
+from tests.fixtures import FIXTURES_DIR  # noqa: E402
 
 CALL_ID_MARK = b"__MCID__"
 ROLLOUT_MARK = b"__ROLLOUT__"
@@ -54,20 +57,8 @@ TOOL_CALL_FIXTURE = "chat/tool-call-gpt4o"
 ANSWER_FIXTURE = "chat/tool-result-followup-gpt4o"
 
 
-def fixtures_dir() -> Path:
-    """The recorded exchanges: $LLMTAP_FIXTURES_DIR, else the nearest shared/fixtures/recorded."""
-    override = os.environ.get("LLMTAP_FIXTURES_DIR")
-    if override:
-        return Path(override)
-    for parent in Path(__file__).resolve().parents:
-        candidate = parent / "shared" / "fixtures" / "recorded"
-        if candidate.is_dir():
-            return candidate
-    raise SystemExit("Cannot find shared/fixtures/recorded; set LLMTAP_FIXTURES_DIR to its path.")
-
-
 def load_fixture(name: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((fixtures_dir() / f"{name}.json").read_text())
+    data: dict[str, Any] = json.loads((FIXTURES_DIR / f"{name}.json").read_text())
     return data
 
 

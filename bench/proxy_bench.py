@@ -50,6 +50,10 @@ from typing import Any
 
 import orjson
 
+# tests.fixtures is the one place that finds the recorded exchanges ($LLMTAP_FIXTURES_DIR, else shared/).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.fixtures import FIXTURES_DIR  # noqa: E402
+
 LEVELS = (1, 16, 128)
 MODES = ("non-streaming", "streaming")
 # Calls per (mode, concurrency) cell and target in one round, before --scale.
@@ -70,17 +74,6 @@ NAN = float("nan")
 # Fixtures ----------------------------------------------------------------------------------------
 
 
-def fixtures_dir() -> Path:
-    """The recorded exchanges: $LLMTAP_FIXTURES_DIR, else the nearest shared/fixtures/recorded."""
-    override = os.environ.get("LLMTAP_FIXTURES_DIR")
-    if override:
-        return Path(override)
-    for parent in Path(__file__).resolve().parents:
-        if (parent / "shared" / "fixtures" / "recorded").is_dir():
-            return parent / "shared" / "fixtures" / "recorded"
-    raise SystemExit("Cannot find shared/fixtures/recorded; set LLMTAP_FIXTURES_DIR to its path.")
-
-
 @dataclass(frozen=True)
 class Fixture:
     """One recorded exchange as the bench uses it: request bytes, response bytes, SSE events."""
@@ -92,7 +85,7 @@ class Fixture:
 
     @classmethod
     def load(cls, name: str) -> Fixture:
-        path = fixtures_dir() / f"{name}.json"
+        path = FIXTURES_DIR / f"{name}.json"
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except OSError as exc:

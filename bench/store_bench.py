@@ -42,28 +42,20 @@ import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+# tests.fixtures is the one place that finds the recorded exchanges ($LLMTAP_FIXTURES_DIR, else shared/).
+sys.path.insert(0, str(ROOT))
 
 from llmtap.store import CaptureStore  # noqa: E402
+from tests.fixtures import FIXTURES_DIR  # noqa: E402
 
 FIXTURE = "chat/tool-call-gpt4o"
 DOCS = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Capture store"
 
 
-def fixtures_dir() -> Path:
-    override = os.environ.get("LLMTAP_FIXTURES_DIR")
-    if override:
-        return Path(override)
-    for parent in Path(__file__).resolve().parents:
-        candidate = parent / "shared" / "fixtures" / "recorded"
-        if candidate.is_dir():
-            return candidate
-    raise SystemExit("Cannot find shared/fixtures/recorded; set LLMTAP_FIXTURES_DIR to its path.")
-
-
 def template_record() -> dict[str, Any]:
     """A raw capture line in the spec's shape, built from one real recorded exchange."""
-    recorded = json.loads((fixtures_dir() / f"{FIXTURE}.json").read_text())
+    recorded = json.loads((FIXTURES_DIR / f"{FIXTURE}.json").read_text())
     return {
         "model_call_id": "",
         "dialect": "chat",
