@@ -452,7 +452,7 @@ class ModelCallRecord:
         Shallow: nested values (payloads, tool calls) are shared with the record, not copied, so
         serializing a rollout's records costs no deep copies. Treat the result as read-only.
         """
-        names = _RECORD_FIELDS if include_payloads else _FIELDS_WITHOUT_PAYLOADS
+        names = RECORD_FIELDS if include_payloads else _FIELDS_WITHOUT_PAYLOADS
         return {name: getattr(self, name) for name in names}
 
     @property
@@ -471,7 +471,6 @@ def _normalize(dialect: Dialect | None, response: dict[str, Any] | None) -> Norm
 
 
 RECORD_FIELDS = tuple(f.name for f in fields(ModelCallRecord))
-_RECORD_FIELDS = RECORD_FIELDS
 _FIELDS_WITHOUT_PAYLOADS = tuple(name for name in RECORD_FIELDS if name not in PAYLOAD_FIELDS)
 
 _SUMMED = ("tokens_in", "tokens_out", "tokens_reasoning", "tokens_total", "cached_tokens", "cache_creation_tokens")

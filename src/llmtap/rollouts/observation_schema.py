@@ -13,7 +13,6 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-
 __all__ = [
     "JOIN_GAP_SOURCE",
     "OBSERVATIONS_KEY",

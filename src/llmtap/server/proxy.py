@@ -90,6 +90,8 @@ class ProxyApp:
         self.config = config
         self.upstreams = {name: _Upstream(name, upstream) for name, upstream in config.upstreams.items()}
         self._selective = [u for u in self.upstreams.values() if u.config.dialects or u.config.models]
+        # Reading the request's model costs a JSON parse: only when some upstream selects by model.
+        self._selects_by_model = any(u.config.models for u in self._selective)
         self.default = self.upstreams[config.default_upstream_name]
 
     async def aclose(self) -> None:
@@ -118,7 +120,7 @@ class ProxyApp:
             return self.default
         dialect = dialect_for_path(path)
         model = None
-        if self._needs_model():
+        if self._selects_by_model:
             try:
                 parsed = orjson.loads(body)
             except orjson.JSONDecodeError:
@@ -129,9 +131,6 @@ class ProxyApp:
             if upstream.selects(dialect.name if dialect else None, model):
                 return upstream
         return self.default
-
-    def _needs_model(self) -> bool:
-        return any(u.config.models for u in self._selective)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
