@@ -284,3 +284,13 @@ def test_dialect_registry_finds_paths() -> None:
     assert dialect_for_path("/openai/deployments/gpt/chat/completions") is None
     assert dialect_for_path("/openai/deployments/gpt/chat/completions", exact=False) is get_dialect("chat")
     assert dialect_for_path("/v1/models") is None
+
+
+def test_request_bytes_received_in_pieces_are_joined_once_at_finish() -> None:
+    exchange = Exchange(method="POST", path="/v1/chat/completions")
+    for piece in (b'{"model": ', b'"m", "messages"', b": []}"):
+        exchange.add_request_bytes(piece)
+    exchange.status_code = 200
+    line = raw_line_from_exchange(exchange)
+    assert exchange.request_body == b'{"model": "m", "messages": []}'
+    assert line["request"] == {"model": "m", "messages": []}

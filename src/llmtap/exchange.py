@@ -80,11 +80,14 @@ class Exchange:
     sampling: dict[str, Any] | None = None
     model_call_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Request chunks received so far; joined into `request_body` once, by `finish()`, so a large
+    # body that arrives in many chunks is not copied again at each one.
+    _request_parts: list[bytes] = field(default_factory=list, repr=False)
 
     def add_request_bytes(self, data: bytes) -> None:
-        """Append bytes of the request body as they are received."""
+        """Append bytes of the request body as they are received (in `request_body` after `finish()`)."""
         if data:
-            self.request_body += data
+            self._request_parts.append(data)
 
     def add_response_chunk(self, data: bytes) -> None:
         """Record one chunk of the response body, with its arrival time."""
@@ -96,7 +99,10 @@ class Exchange:
         self.response_chunks.append((now - self.started_mono, data))
 
     def finish(self) -> None:
-        """Mark the call as ended now (idempotent: the first end wins)."""
+        """Mark the call as ended now (idempotent: the first end wins) and settle the request body."""
+        if self._request_parts:
+            self.request_body += b"".join(self._request_parts)
+            self._request_parts.clear()
         if self.completed_mono is None:
             self.completed_mono = time.perf_counter()
             self.completed_at = self.started_at + (self.completed_mono - self.started_mono)
