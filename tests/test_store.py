@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import logging
 import multiprocessing
 import os
@@ -533,6 +534,101 @@ def test_cancelled_append_async_still_commits_its_record(store: CaptureStore, mo
     assert store.read("cancelled").entries == [(0, record)]
 
 
+class LoopSyncSpy:
+    """Counts fdatasyncs per file and records which thread made them."""
+
+    def __init__(self, real: Callable[[int], None]) -> None:
+        self.real = real
+        self.lock = threading.Lock()
+        self.paths: list[str] = []
+        self.threads: set[int] = set()
+
+    def __call__(self, fd: int) -> None:
+        with self.lock:
+            self.paths.append(fd_path(fd))
+            self.threads.add(threading.get_ident())
+        self.real(fd)
+
+
+def test_awaited_appends_to_many_rollouts_share_syncs_off_the_loop(
+    store: CaptureStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = LoopSyncSpy(os.fdatasync)
+    monkeypatch.setattr(os, "fdatasync", spy)
+    rollouts = [f"loop-{k}" for k in range(20)]
+
+    async def main() -> tuple[list[AppendResult], int]:
+        results = await asyncio.gather(*(store.append_async(r, make_record(i)) for i in range(5) for r in rollouts))
+        return results, threading.get_ident()
+
+    results, loop_thread = asyncio.run(main())
+    assert {result.path for result in results} == {store.path_for(r) for r in rollouts}
+    assert loop_thread not in spy.threads  # the loop only writes; fsyncs run on helper threads
+    data_syncs = [path for path in spy.paths if path.endswith(".capture.jsonl")]
+    assert len(data_syncs) < len(results)  # lines queued while a sync ran share the next one
+    for rollout_id in rollouts:
+        assert len(store.read(rollout_id, strict=True).entries) == 5
+
+
+def test_awaited_append_after_another_store_cleared_the_rollout_starts_a_new_file(tmp_path: Path) -> None:
+    """A writer keeps its data file open between appends; a clear() elsewhere unlinks that file,
+    and the next append must land in the new file and obey the new fence."""
+    with CaptureStore(tmp_path) as writer, CaptureStore(tmp_path) as clearer:
+        asyncio.run(writer.append_async("r", make_record(0)))
+        before_clear = make_record(1, started_at=time.time())
+        clearer.clear("r")
+        late = asyncio.run(writer.append_async("r", before_clear))
+        current = asyncio.run(writer.append_async("r", make_record(2)))
+        assert late.late and not current.late
+        read = clearer.read("r", strict=True)
+        assert [record["index"] for _, record in read.entries] == [2]
+        assert read.late_writes == 1
+
+
+def test_awaited_append_repairs_a_torn_tail_left_by_another_writer(store: CaptureStore) -> None:
+    asyncio.run(store.append_async("r", make_record(0)))
+    with open(store.path_for("r"), "ab") as other_process:
+        other_process.write(b'{"model_call_id": "crashed mid-wri')
+    asyncio.run(store.append_async("r", make_record(1)))
+    read = store.read("r")
+    assert [record["index"] for _, record in read.entries] == [0, 1]
+    assert read.invalid_lines == [1] and not read.torn_tail
+
+
+def test_awaited_append_waits_for_a_rollout_another_process_holds(store: CaptureStore) -> None:
+    holder = os.open(store.root / "held.capture.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # a separate open file: as another process's commit
+
+    async def main() -> AppendResult:
+        task = asyncio.create_task(store.append_async("held", make_record()))
+        await asyncio.sleep(0.2)
+        assert not task.done()
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        return await task
+
+    try:
+        assert asyncio.run(main()) == AppendResult(store.path_for("held"), late=False)
+    finally:
+        os.close(holder)
+    assert len(store.read("held").entries) == 1
+
+
+def test_rollouts_past_the_open_file_limit_are_closed_and_reopened(tmp_path: Path, no_sync: None) -> None:
+    from llmtap._rollout_files import RolloutFileCache, SyncDescriptors
+
+    with CaptureStore(tmp_path) as store:
+        store._files = RolloutFileCache(lambda r: store._sibling(r, ".capture.lock"), limit=3)
+        store._sync_fds = SyncDescriptors(limit=3)
+        open_before = len(os.listdir("/proc/self/fd"))
+        for round_index in range(3):
+            for k in range(10):
+                store.append(f"r{k}", make_record(round_index))
+                asyncio.run(store.append_async(f"r{k}", make_record(round_index)))
+        assert len(os.listdir("/proc/self/fd")) - open_before <= 2 * 3 + 3  # lock + data, and the syncs' own
+        for k in range(10):
+            assert len(store.read(f"r{k}", strict=True).entries) == 6
+
+
 # Failures and markers --------------------------------------------------------------------------
 
 
@@ -698,20 +794,33 @@ def test_root_that_is_a_file_raises_store_error(tmp_path: Path) -> None:
         CaptureStore(tmp_path / "file")
 
 
-def test_forked_child_never_inherits_a_held_rollout_lock(tmp_path: Path) -> None:
+@pytest.mark.parametrize("holder", ["clear", "cached writer"])
+def test_forked_child_never_inherits_a_held_rollout_lock(tmp_path: Path, holder: str) -> None:
     """A fork during a commit used to give the child a copy of the lock descriptor, so the lock
-    outlived the parent's commit and the child blocked forever on its own copy."""
-    import llmtap.store as store_module
+    outlived the parent's commit and the child blocked forever on its own copy. The descriptors
+    a store keeps open between appends are closed in the child for the same reason."""
+    from llmtap._rollout_files import DESCRIPTORS
 
     store = CaptureStore(tmp_path)
-    fd = store._lock("r")  # a commit in flight holds the rollout's flock
+    if holder == "clear":
+        fd = store._lock("r")  # a clear() in flight holds the rollout's flock
+    else:
+        store.append("r", {"model_call_id": "parent", "started_at": time.time()})
+        files = store._files.acquire("r", blocking=True)
+        assert files is not None
+        fd = files.lock_fd
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a commit in flight through the cached descriptor
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
         try:
             store.append("r", {"model_call_id": "child", "started_at": time.time()})
         finally:
             os._exit(0)
-    store_module._LOCK_FILES.close(fd)  # the parent's commit ends
+    if holder == "clear":
+        DESCRIPTORS.close(fd)  # the parent's clear ends
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        files.mutex.release()
     deadline, status = time.monotonic() + 20, (0, 0)
     while time.monotonic() < deadline and (status := os.waitpid(pid, os.WNOHANG)) == (0, 0):
         time.sleep(0.02)
@@ -720,4 +829,5 @@ def test_forked_child_never_inherits_a_held_rollout_lock(tmp_path: Path) -> None
         os.waitpid(pid, 0)
         pytest.fail("the forked child blocked on the inherited lock")
     assert os.waitstatus_to_exitcode(status[1]) == 0
-    assert [line["model_call_id"] for _, line in store.read("r").entries] == ["child"]
+    expected = ["child"] if holder == "clear" else ["parent", "child"]
+    assert [line["model_call_id"] for _, line in store.read("r").entries] == expected

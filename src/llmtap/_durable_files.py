@@ -8,7 +8,7 @@ looked up on `os` at call time, so tests that patch `os.fsync` or `os.fdatasync`
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from io import BufferedWriter
 from pathlib import Path
@@ -16,7 +16,9 @@ from pathlib import Path
 __all__ = [
     "FILE_MODE",
     "append_lines_durably",
+    "open_for_append",
     "replace_atomically",
+    "sync_data",
     "sync_directory",
     "write_all",
     "write_file_synced",
@@ -34,6 +36,14 @@ def write_all(fd: int, payload: bytes) -> None:
         if written <= 0:
             raise OSError(f"write() made no progress on descriptor {fd}")
         view = view[written:]
+
+
+def sync_data(fd: int) -> None:
+    """Make the bytes written to `fd` durable (fdatasync; fsync where there is none, as on macOS)."""
+    if hasattr(os, "fdatasync"):
+        os.fdatasync(fd)
+    else:
+        os.fsync(fd)
 
 
 def sync_directory(directory: str | os.PathLike[str]) -> None:
@@ -55,15 +65,22 @@ def write_file_synced(path: str | os.PathLike[str], content: bytes) -> None:
         os.close(fd)
 
 
-def _open_for_append(path: str) -> int:
-    """Open for append and for the torn-tail check; O_NOATIME keeps that read from dirtying the inode."""
-    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+def _open_file(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_CLOEXEC, FILE_MODE)
+
+
+def open_for_append(path: str, open_file: Callable[[str, int], int] = _open_file) -> int:
+    """Open for append and for the torn-tail check; O_NOATIME keeps that read from dirtying the inode.
+
+    `open_file(path, flags)` opens it (a registry of descriptors can pass its own).
+    """
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT
     try:
-        return os.open(path, flags | _NOATIME, FILE_MODE)
+        return open_file(path, flags | _NOATIME)
     except PermissionError:  # O_NOATIME needs the file's owner; others still get a correct append
         if not _NOATIME:
             raise
-        return os.open(path, flags, FILE_MODE)
+        return open_file(path, flags)
 
 
 def append_lines_durably(path: str, directory: str, lines: list[bytes]) -> None:
@@ -72,7 +89,7 @@ def append_lines_durably(path: str, directory: str, lines: list[bytes]) -> None:
     An unterminated last segment (a crashed writer's partial line) is ended with a newline first,
     so it becomes one damaged line and the new lines stay intact.
     """
-    fd = _open_for_append(path)
+    fd = open_for_append(path)
     try:
         payload = b"".join(lines)
         size = os.fstat(fd).st_size
@@ -83,10 +100,7 @@ def append_lines_durably(path: str, directory: str, lines: list[bytes]) -> None:
         elif os.pread(fd, 1, size - 1) != b"\n":
             payload = b"\n" + payload
         write_all(fd, payload)
-        if hasattr(os, "fdatasync"):
-            os.fdatasync(fd)
-        else:  # macOS has no fdatasync
-            os.fsync(fd)
+        sync_data(fd)
     finally:
         os.close(fd)
 

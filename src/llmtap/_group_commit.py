@@ -1,9 +1,15 @@
-"""Group commit: per-rollout queues of encoded lines, written in batches by one committer at a time.
+"""Group commit: lines made durable in batches, off the appender's event loop.
 
-The first appender to a rollout with no commit in flight becomes its committer and commits
-batches until its own line is settled, then hands whatever is left to a store-owned helper
-thread. What a batch's commit does (which files, which lock) is the store's business: the
-committer only calls the `commit` it was built with, which must settle every entry it is given.
+Two paths share the store's helper threads (`CommitThreads`):
+
+- `GroupCommitter`, per-rollout queues: the first appender to a rollout with no commit in flight
+  becomes its committer and commits batches until its own line is settled, then hands whatever
+  is left to a helper thread. What a batch's commit does (which files, which lock) is the store's
+  business: the committer only calls the `commit` it was built with, which must settle every
+  entry it is given.
+- `BatchedSyncs`, for lines an event loop has already written: whatever is queued when a helper
+  thread gets to it is synced as one batch and settled with one wake-up per loop, so under load
+  one thread hop serves many calls instead of one each.
 """
 
 from __future__ import annotations
@@ -14,14 +20,14 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar
 
 from llmtap.errors import StoreError
 
 if TYPE_CHECKING:
     from llmtap.store import AppendResult
 
-__all__ = ["GroupCommitter", "PendingAppend", "settle"]
+__all__ = ["BatchedSyncs", "CommitThreads", "GroupCommitter", "PendingAppend", "settle"]
 
 logger = logging.getLogger("llmtap.store")  # these are the store's commits, logged under its name
 
@@ -30,6 +36,7 @@ _BATCH_MAX_BYTES = 8 * 1024 * 1024  # a single larger record still goes out, alo
 _IDLE_THREAD_SECONDS = 5.0
 
 Outcome: TypeAlias = "AppendResult | StoreError"
+JobT = TypeVar("JobT")
 
 
 class PendingAppend:
@@ -94,7 +101,7 @@ class _RolloutQueue:
         self.committing = False
 
 
-class _CommitThreads:
+class CommitThreads:
     """Store-owned threads that grow on demand and retire when idle.
 
     A job never waits for a free thread, so one rollout stuck in a slow fsync cannot hold up
@@ -153,13 +160,17 @@ class GroupCommitter:
     A forked child needs a new committer: the parent's threads are not there.
     """
 
-    def __init__(self, commit: Callable[[str, list[PendingAppend]], None]) -> None:
+    def __init__(self, commit: Callable[[str, list[PendingAppend]], None], threads: CommitThreads) -> None:
         self._commit = commit
         self._mutex = threading.Lock()
         self._idle = threading.Condition(self._mutex)
         self._queues: dict[str, _RolloutQueue] = {}
-        self._threads = _CommitThreads()
+        self._threads = threads
         self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def enqueue(self, rollout_id: str, entry: PendingAppend) -> bool:
         """Queue `entry` and see that it gets committed; False, with nothing queued, once closed.
@@ -229,9 +240,66 @@ class GroupCommitter:
         self._idle.notify_all()
 
     def close(self) -> None:
-        """Refuse new entries, wait for in-flight commits, then stop the helper threads."""
+        """Refuse new entries and wait for in-flight commits (the store stops the threads)."""
         with self._mutex:
             self._closed = True
             while any(queue.committing for queue in self._queues.values()):
                 self._idle.wait()
-        self._threads.close()
+
+
+class BatchedSyncs(Generic[JobT]):
+    """Jobs queued from event loops, handed in batches to `sync_batch` on the store's threads.
+
+    A batch is everything queued when a drain takes it, and a drain keeps taking batches until
+    the queue is empty, so under load one thread wake-up serves many calls. Up to `max_drains`
+    drain at once, so one slow fsync does not hold up every later batch. `sync_batch` must
+    settle every entry of every job it is given.
+    """
+
+    def __init__(self, sync_batch: Callable[[list[JobT]], None], threads: CommitThreads, max_drains: int = 4) -> None:
+        self._sync_batch = sync_batch
+        self._threads = threads
+        self._max_drains = max_drains
+        self._cond = threading.Condition(threading.Lock())
+        self._queued: list[JobT] = []
+        self._drains = 0  # drain jobs submitted and not yet returned
+        self._syncing = 0  # of those, the ones inside `sync_batch`
+        self._in_flight = 0
+        self._closed = False
+
+    def submit(self, job: JobT) -> bool:
+        """Queue `job`; False, with nothing queued, once closed."""
+        with self._cond:
+            if self._closed:
+                return False
+            self._queued.append(job)
+            self._in_flight += 1
+            if self._drains > self._syncing or self._drains >= self._max_drains:
+                return True  # a drain about to take a batch, or the next one free, takes it
+            self._drains += 1
+        self._threads.submit(self._drain)
+        return True
+
+    def _drain(self) -> None:
+        while True:
+            with self._cond:
+                batch, self._queued = self._queued, []
+                if not batch:
+                    self._drains -= 1
+                    return
+                self._syncing += 1
+            try:
+                self._sync_batch(batch)
+            finally:
+                with self._cond:
+                    self._syncing -= 1
+                    self._in_flight -= len(batch)
+                    if not self._in_flight:
+                        self._cond.notify_all()
+
+    def close(self) -> None:
+        """Refuse new jobs and wait until every queued one is synced."""
+        with self._cond:
+            self._closed = True
+            while self._in_flight:
+                self._cond.wait()

@@ -8,12 +8,15 @@ Files under the store root, per rollout id:
     <id>.capture.cleared     tombstone with the time of the last clear(): the late-writer fence
     <id>.capture.late.jsonl  records of calls that started before the last clear()
 
-Writes are group-committed per rollout: the first appender with no commit in flight becomes the
-committer and writes every queued line with one `write()` and one `fdatasync`, under an exclusive
-`flock` on the rollout's lock file, so threads, processes and hosts sharing a POSIX directory never
-interleave or lose a line. An append returns only once its line is durable. The batching and
-helper threads live in `_group_commit`, the write and sync steps in `_durable_files`; this module
-decides which file each line goes to.
+Every line is written with one `write()` under an exclusive `flock` on the rollout's lock file,
+so threads, processes and hosts sharing a POSIX directory never interleave or lose a line, and an
+append returns only once its line is durable. Blocking appends are group-committed per rollout:
+the first appender with no commit in flight writes and syncs every queued line at once. An
+awaited append writes its line on the event loop when the rollout's locks are free (a page-cache
+write, microseconds) and leaves only the fdatasync to a helper thread, which syncs everything
+queued meanwhile as one batch; otherwise it joins the group commit. The batching and helper
+threads live in `_group_commit`, the descriptors kept open per rollout in `_rollout_files`, the
+write and sync steps in `_durable_files`; this module decides which file each line goes to.
 
 Reads take no lock: lines land whole, by one `write()`. An unterminated last segment (a write in
 progress, or a crashed writer) is reported as `torn_tail` and not counted; the next committer ends
@@ -30,7 +33,6 @@ import functools
 import logging
 import os
 import re
-import threading
 import time
 import weakref
 from collections.abc import Iterator, Mapping
@@ -41,8 +43,9 @@ from typing import Any
 
 import orjson
 
-from llmtap._durable_files import FILE_MODE, append_lines_durably, sync_directory, write_file_synced
-from llmtap._group_commit import GroupCommitter, PendingAppend, settle
+from llmtap._durable_files import append_lines_durably, sync_data, sync_directory, write_all, write_file_synced
+from llmtap._group_commit import BatchedSyncs, CommitThreads, GroupCommitter, PendingAppend, settle
+from llmtap._rollout_files import DESCRIPTORS, RolloutFileCache, RolloutFiles, SyncDescriptors
 from llmtap.errors import CaptureRecordError, InvalidRolloutIdError, StoreError
 
 __all__ = ["AppendResult", "CaptureStore", "ROLLOUT_ID_PATTERN", "ReadResult", "validate_rollout_id"]
@@ -151,47 +154,16 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-class _LockFiles:
-    """The rollout lock files this process has open, so a forked child can close its copies.
+class _SyncJob:
+    """A line an event loop wrote to the data file `inode`, waiting for its fdatasync."""
 
-    A child inherits every descriptor, and an flock lasts until the last descriptor sharing it is
-    closed: a copy left open in the child would keep a parent commit's lock for the child's whole
-    life, and the child's own next commit to that rollout would wait on it forever.
-    """
+    __slots__ = ("rollout_id", "inode", "new_file", "entry")
 
-    def __init__(self) -> None:
-        self._guard = threading.Lock()  # held across fork(), so no descriptor is half-registered
-        self._open: set[int] = set()
-
-    def open(self, path: str) -> int:
-        with self._guard:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
-            self._open.add(fd)
-        return fd
-
-    def close(self, fd: int) -> None:
-        """Close `fd`, releasing its flock."""
-        with self._guard:
-            self._open.discard(fd)
-            os.close(fd)
-
-    def before_fork(self) -> None:
-        self._guard.acquire()
-
-    def after_fork_in_parent(self) -> None:
-        self._guard.release()
-
-    def after_fork_in_child(self) -> None:
-        for fd in self._open:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._open.clear()
-        self._guard.release()
-
-
-_LOCK_FILES = _LockFiles()
+    def __init__(self, rollout_id: str, inode: tuple[int, int], new_file: bool, entry: PendingAppend) -> None:
+        self.rollout_id = rollout_id
+        self.inode = inode
+        self.new_file = new_file
+        self.entry = entry
 
 
 class CaptureStore:
@@ -222,8 +194,13 @@ class CaptureStore:
         _OPEN_STORES.add(self)
 
     def _reset_concurrency_state(self) -> None:
-        """Start with no queues and no helper threads (at construction, and in a forked child)."""
-        self._committer = GroupCommitter(self._commit)
+        """Start with no queues, threads or open files (at construction, and in a forked child,
+        where the parent's descriptors are already closed and its threads do not exist)."""
+        self._threads = CommitThreads()
+        self._files = RolloutFileCache(lambda rollout_id: self._sibling(rollout_id, LOCK_SUFFIX))
+        self._sync_fds = SyncDescriptors()
+        self._committer = GroupCommitter(self._commit, self._threads)
+        self._syncs: BatchedSyncs[_SyncJob] = BatchedSyncs(self._sync_batch, self._threads)
 
     def __repr__(self) -> str:
         return f"CaptureStore('{self.root}')"
@@ -249,27 +226,30 @@ class CaptureStore:
         trying to mark the rollout incomplete; after a failed fdatasync the line may still be
         in the file, so the marker, not the file, says the capture is incomplete.
         """
-        return self._enqueue(rollout_id, record, None).wait()
+        rollout_id = validate_rollout_id(rollout_id)
+        entry = PendingAppend(self._encode(rollout_id, record), _started_at(record), None)
+        self._enqueue(rollout_id, entry)
+        return entry.wait()
 
     async def append_async(self, rollout_id: str, record: Mapping[str, Any]) -> AppendResult:
         """Append `record` and await its durability without blocking the event loop.
 
-        The record is encoded on the loop (orjson, fast); the commit runs on a store-owned
-        thread, never the loop's default executor. Cancelling the await does not cancel the
-        write: the record is still committed.
+        The record is encoded and, when the rollout's locks are free, written on the loop (a
+        page-cache write); the fdatasync, or the whole commit when the locks are busy, runs on
+        a store-owned thread, never the loop's default executor. Cancelling the await does not
+        cancel the write: the record is still committed.
         """
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
-        self._enqueue(rollout_id, record, future)
-        return await future
-
-    def _enqueue(
-        self, rollout_id: str, record: Mapping[str, Any], future: asyncio.Future[AppendResult] | None
-    ) -> PendingAppend:
-        """Validate and encode one record and queue its line; a blocking append commits it here."""
         rollout_id = validate_rollout_id(rollout_id)
         entry = PendingAppend(self._encode(rollout_id, record), _started_at(record), future)
+        if not self._write_now(rollout_id, entry):
+            self._enqueue(rollout_id, entry)
+        return await future
+
+    def _enqueue(self, rollout_id: str, entry: PendingAppend) -> None:
+        """Queue a line for the group commit (a blocking append commits it on its own thread)."""
         if self._committer.enqueue(rollout_id, entry):
-            return entry
+            return
         self.mark_incomplete(rollout_id, "a record arrived after the store was closed")
         raise StoreError(
             f"Could not append to rollout {rollout_id!r}: {self!r} is closed; "
@@ -287,35 +267,164 @@ class CaptureStore:
                 "pass a mapping with string keys and JSON-able values."
             ) from exc
 
-    def _commit(self, rollout_id: str, batch: list[PendingAppend]) -> None:
-        """Write one batch durably under the rollout lock; settle every entry, whatever happens."""
+    def _write_now(self, rollout_id: str, entry: PendingAppend) -> bool:
+        """Write an awaited line on the caller's thread and queue its sync; False to group-commit it.
+
+        Only what cannot block: the in-process mutex and the flock are tried without waiting, and
+        a line the clear() fence diverts goes the long way. True means the entry is settled or
+        will be by the sync (a failed write settles it with its StoreError here).
+        """
+        if self._committer.closed:
+            return False
         try:
-            lock_fd = self._lock(rollout_id)
+            files = self._files.acquire(rollout_id, blocking=False)
+        except (StoreError, OSError):
+            return False  # closing, or the lock file cannot be opened: the group commit reports it
+        if files is None:
+            return False
+        try:
             try:
-                cleared_at = self._cleared_at(rollout_id)
-                current, late = batch, []
-                if cleared_at is not None:
-                    late = [e for e in batch if e.started_at is not None and e.started_at < cleared_at]
-                    current = [e for e in batch if e.started_at is None or e.started_at >= cleared_at]
-                for entries, suffix, is_late in ((current, DATA_SUFFIX, False), (late, LATE_SUFFIX, True)):
-                    if entries:
-                        path = self._sibling(rollout_id, suffix)
-                        append_lines_durably(path, self._directory, [entry.line for entry in entries])
-                        settle(entries, [_append_result(path, is_late)] * len(entries))
+                fcntl.flock(files.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # another process (or clear()) holds the rollout
+            try:
+                cleared_at, data = self._current_data(rollout_id, files)
+                if cleared_at is not None and entry.started_at is not None and entry.started_at < cleared_at:
+                    return False
+                _, inode, new_file = self._write_lines(rollout_id, files, data, [entry.line])
+                job = _SyncJob(rollout_id, inode, new_file, entry)
             finally:
-                _LOCK_FILES.close(lock_fd)
+                fcntl.flock(files.lock_fd, fcntl.LOCK_UN)
+        except Exception as exc:
+            self._fail(rollout_id, [entry], exc)
+            return True
+        finally:
+            files.mutex.release()
+        if not self._syncs.submit(job):  # closed meanwhile: sync here rather than lose the line
+            self._sync_batch([job])
+        return True
+
+    def _sync_batch(self, jobs: list[_SyncJob]) -> None:
+        """Sync the files of lines written on a loop, then settle them: one sync per file and batch."""
+        errors: dict[tuple[int, int], OSError | None] = {}
+        directory_error: OSError | None = None
+        try:
+            if any(job.new_file for job in jobs):
+                try:
+                    sync_directory(self._directory)
+                except OSError as exc:
+                    directory_error = exc
+            for job in jobs:
+                if job.inode not in errors:
+                    errors[job.inode] = self._sync_inode(job.rollout_id, job.inode)
+        except BaseException as exc:
+            for job in jobs:
+                self._fail(job.rollout_id, [job.entry], exc)
+            raise
+        durable: list[_SyncJob] = []
+        for job in jobs:
+            error = directory_error if job.new_file and directory_error else errors[job.inode]
+            if error is None:
+                durable.append(job)
+            else:
+                self._fail(job.rollout_id, [job.entry], error)
+        settle(
+            [job.entry for job in durable],
+            [_append_result(self._sibling(job.rollout_id, DATA_SUFFIX), False) for job in durable],
+        )
+
+    def _sync_inode(self, rollout_id: str, inode: tuple[int, int]) -> OSError | None:
+        """fdatasync one data file, or the error; a file a clear() has unlinked since needs none."""
+        try:
+            fd = self._sync_fds.fd_for(self._sibling(rollout_id, DATA_SUFFIX), inode)
+            if fd is not None:
+                sync_data(fd)
+        except OSError as exc:
+            return exc
+        return None
+
+    def _commit(self, rollout_id: str, batch: list[PendingAppend]) -> None:
+        """Write one batch durably under the rollout's locks; settle every entry, whatever happens."""
+        try:
+            files = self._files.acquire(rollout_id, blocking=True)
+            assert files is not None
+            try:
+                fcntl.flock(files.lock_fd, fcntl.LOCK_EX)
+                try:
+                    self._commit_locked(rollout_id, files, batch)
+                finally:
+                    fcntl.flock(files.lock_fd, fcntl.LOCK_UN)
+            finally:
+                files.mutex.release()
         except BaseException as exc:
             self._fail(rollout_id, [entry for entry in batch if entry.outcome is None], exc)
             if not isinstance(exc, Exception):
                 raise
 
+    def _commit_locked(self, rollout_id: str, files: RolloutFiles, batch: list[PendingAppend]) -> None:
+        cleared_at, data = self._current_data(rollout_id, files)
+        current, late = batch, []
+        if cleared_at is not None:
+            late = [e for e in batch if e.started_at is not None and e.started_at < cleared_at]
+            current = [e for e in batch if e.started_at is None or e.started_at >= cleared_at]
+        if current:
+            fd, _, new_file = self._write_lines(rollout_id, files, data, [entry.line for entry in current])
+            if new_file:
+                sync_directory(self._directory)
+            sync_data(fd)
+            settle(current, [_append_result(self._sibling(rollout_id, DATA_SUFFIX), False)] * len(current))
+        if late:
+            path = self._sibling(rollout_id, LATE_SUFFIX)
+            append_lines_durably(path, self._directory, [entry.line for entry in late])
+            settle(late, [_append_result(path, True)] * len(late))
+
+    def _current_data(self, rollout_id: str, files: RolloutFiles) -> tuple[float | None, os.stat_result | None]:
+        """The clear() fence that applies now, and the open data file's status if it is still linked.
+
+        A data file with no links left was unlinked by a clear() since it was opened: it is
+        dropped, and the fence is read again from the tombstone.
+        """
+        if files.data_fd is not None:
+            data = os.fstat(files.data_fd)
+            if data.st_nlink:
+                return files.cleared_at, data
+            files.forget_data()
+        files.cleared_at = self._cleared_at(rollout_id)
+        return files.cleared_at, None
+
+    def _write_lines(
+        self, rollout_id: str, files: RolloutFiles, data: os.stat_result | None, lines: list[bytes]
+    ) -> tuple[int, tuple[int, int], bool]:
+        """Append whole lines with one write; return the data descriptor, its inode and whether it was new.
+
+        An unterminated last segment (a crashed writer's partial line) is ended with a newline
+        first, so it becomes one damaged line and the new lines stay intact. The caller holds the
+        rollout's mutex and flock, and syncs.
+        """
+        if data is None or files.data_fd is None:
+            fd = files.open_data(self._sibling(rollout_id, DATA_SUFFIX))
+            data = os.fstat(fd)
+        else:
+            fd = files.data_fd
+        payload = b"".join(lines)
+        size = data.st_size
+        if size and size != files.known_size and os.pread(fd, 1, size - 1) != b"\n":
+            payload = b"\n" + payload
+        files.known_size = -1  # unknown until the write is whole
+        write_all(fd, payload)
+        files.known_size = size + len(payload)
+        return fd, (data.st_dev, data.st_ino), size == 0
+
     def _lock(self, rollout_id: str) -> int:
-        """Open the rollout's lock file and take its exclusive flock; `_LOCK_FILES.close` releases it."""
-        fd = _LOCK_FILES.open(self._sibling(rollout_id, LOCK_SUFFIX))
+        """Open the rollout's lock file on its own and take its flock; `DESCRIPTORS.close` releases it.
+
+        Used by clear(): a second open file, so its flock also excludes this process's writers.
+        """
+        fd = DESCRIPTORS.open(self._sibling(rollout_id, LOCK_SUFFIX), os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
         except BaseException:
-            _LOCK_FILES.close(fd)
+            DESCRIPTORS.close(fd)
             raise
         return fd
 
@@ -398,7 +507,7 @@ class CaptureStore:
                 self._write_tombstone(rollout_id, time.time())
                 sync_directory(self._directory)
             finally:
-                _LOCK_FILES.close(lock_fd)
+                DESCRIPTORS.close(lock_fd)
         except OSError as exc:
             raise StoreError(
                 f"Could not clear the capture of rollout {rollout_id!r} under '{self.root}' "
@@ -480,8 +589,13 @@ class CaptureStore:
             raise StoreError(f"Could not read '{path}' ({_describe(exc)}); check its permissions.") from exc
 
     def close(self) -> None:
-        """Wait for in-flight commits, then stop the helper threads; later appends raise StoreError."""
+        """Wait for in-flight commits and syncs, stop the helper threads and close the rollouts'
+        files; later appends raise StoreError."""
         self._committer.close()
+        self._syncs.close()
+        self._threads.close()
+        self._files.close()
+        self._sync_fds.close()
         _OPEN_STORES.discard(self)
 
     def __enter__(self) -> CaptureStore:
@@ -509,9 +623,4 @@ def _reset_after_fork() -> None:
 
 
 atexit.register(_close_open_stores)
-os.register_at_fork(
-    before=_LOCK_FILES.before_fork,
-    after_in_parent=_LOCK_FILES.after_fork_in_parent,
-    after_in_child=_LOCK_FILES.after_fork_in_child,
-)
 os.register_at_fork(after_in_child=_reset_after_fork)
