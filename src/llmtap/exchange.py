@@ -7,11 +7,12 @@ turns a finished Exchange into a record (see `records.raw_line_from_exchange`).
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-__all__ = ["Exchange", "SECRET_HEADERS", "safe_headers"]
+__all__ = ["Exchange", "SECRET_HEADERS", "new_model_call_id", "safe_headers"]
 
 # Header names whose values are credentials. They are dropped at the Exchange, so no later stage
 # can persist them by mistake (principle 6).
@@ -29,6 +30,21 @@ SECRET_HEADERS = frozenset(
         "anthropic-admin-api-key",
     }
 )
+
+
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def new_model_call_id() -> str:
+    """A random UUID4 as 32 hex digits, the spec's `model_call_id` form.
+
+    `uuid.uuid4()` reads os.urandom, which lets go of the interpreter lock: on a busy server with
+    helper threads that hand-off costs far more than the id. `random` is seeded from the OS and
+    reseeded in forked children, so ids stay unique across processes; they are ids, not secrets.
+    """
+    value = (random.getrandbits(128) & _UUID4_CLEAR) | _UUID4_SET
+    return f"{value:032x}"
 
 
 def safe_headers(headers: Mapping[str, str] | list[tuple[bytes, bytes]] | None) -> dict[str, str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-import uuid
 import zlib
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping
@@ -19,7 +18,7 @@ import orjson
 
 from .dialects import DIALECTS, Dialect, Normalized, dialect_for_path
 from .dialects.sse import SSEDecoder
-from .exchange import Exchange
+from .exchange import Exchange, new_model_call_id
 
 __all__ = [
     "ERROR_CATEGORIES",
@@ -203,7 +202,7 @@ def raw_line_from_exchange(
     dialect = dialect or dialect_for_path(exchange.path, exact=False)
     line: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
-        "model_call_id": exchange.model_call_id or uuid.uuid4().hex,
+        "model_call_id": exchange.model_call_id or new_model_call_id(),
         "dialect": dialect.name if dialect else None,
         "model_ref": exchange.model_ref,
         "started_at": exchange.started_at,

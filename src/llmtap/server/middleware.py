@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from typing import Any, Mapping
 
 import orjson
@@ -28,7 +27,7 @@ import orjson
 from ..correlation import ROLLOUT_PREFIX, split_rollout_prefix
 from ..dialects import Dialect, dialect_for_path
 from ..errors import InvalidRolloutIdError
-from ..exchange import Exchange, safe_headers
+from ..exchange import Exchange, new_model_call_id, safe_headers
 from ..health import HEALTH, CaptureHealth
 from ..records import StreamTracker, raw_line_from_exchange
 from ..sampling import (
@@ -125,7 +124,7 @@ class _CapturedCall:
             rollout_id=rollout_id,
             model_ref=owner.model_ref,
             provider=owner.provider,
-            model_call_id=uuid.uuid4().hex,
+            model_call_id=new_model_call_id(),
         )
         self.tracker: StreamTracker | None = None
         self.held: list[Message] = []
