@@ -60,6 +60,13 @@ def store(tmp_path: Path) -> Iterator[CaptureStore]:
 
 
 @pytest.fixture
+def threaded_store(tmp_path: Path) -> Iterator[CaptureStore]:
+    """A store whose awaited appends sync on its own threads, where a patched os.fdatasync sees them."""
+    with CaptureStore(tmp_path / "captures", sync_process=False) as capture_store:
+        yield capture_store
+
+
+@pytest.fixture
 def no_sync(monkeypatch: pytest.MonkeyPatch) -> None:
     """Skip real fsyncs where durability is not what the test is about."""
     monkeypatch.setattr(os, "fdatasync", lambda fd: None)
@@ -433,7 +440,7 @@ def test_slow_fsync_on_one_rollout_does_not_block_another(store: CaptureStore, m
 
 
 def test_async_appends_need_no_free_default_executor_thread(
-    store: CaptureStore, monkeypatch: pytest.MonkeyPatch
+    threaded_store: CaptureStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real = os.fdatasync
     entered, release = threading.Event(), threading.Event()
@@ -453,11 +460,11 @@ def test_async_appends_need_no_free_default_executor_thread(
         loop.set_default_executor(executor)
         occupied = loop.run_in_executor(None, executor_busy.wait, WAIT)  # the only default thread is taken
         try:
-            slow = asyncio.create_task(store.append_async("slow", make_record()))
+            slow = asyncio.create_task(threaded_store.append_async("slow", make_record()))
             while not entered.is_set():
                 await asyncio.sleep(0.005)
-            fast = await store.append_async("fast", make_record())
-            assert fast.path == store.path_for("fast")
+            fast = await threaded_store.append_async("fast", make_record())
+            assert fast.path == threaded_store.path_for("fast")
             assert not slow.done()
         finally:
             release.set()
@@ -469,7 +476,7 @@ def test_async_appends_need_no_free_default_executor_thread(
 
 
 def test_append_async_leaves_the_event_loop_running_during_fsync(
-    store: CaptureStore, monkeypatch: pytest.MonkeyPatch
+    threaded_store: CaptureStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real = os.fdatasync
     in_sync, loop_ran = threading.Event(), threading.Event()
@@ -483,7 +490,7 @@ def test_append_async_leaves_the_event_loop_running_during_fsync(
     monkeypatch.setattr(os, "fdatasync", wait_for_loop)
 
     async def main() -> None:
-        task = asyncio.create_task(store.append_async("loop", make_record()))
+        task = asyncio.create_task(threaded_store.append_async("loop", make_record()))
         while not in_sync.is_set():
             await asyncio.sleep(0.005)
         loop_ran.set()  # only reachable if the fsync runs off the loop
@@ -508,7 +515,7 @@ def test_append_async_from_many_tasks_writes_every_record(store: CaptureStore) -
         assert sorted(r["model_call_id"] for _, r in read.entries) == sorted(r["model_call_id"] for r in batch)
 
 
-def test_cancelled_append_async_still_commits_its_record(store: CaptureStore, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cancelled_append_async_still_commits_its_record(threaded_store: CaptureStore, monkeypatch: pytest.MonkeyPatch) -> None:
     real = os.fdatasync
     entered, release = threading.Event(), threading.Event()
 
@@ -521,7 +528,7 @@ def test_cancelled_append_async_still_commits_its_record(store: CaptureStore, mo
     record = make_record()
 
     async def main() -> None:
-        task = asyncio.create_task(store.append_async("cancelled", record))
+        task = asyncio.create_task(threaded_store.append_async("cancelled", record))
         while not entered.is_set():
             await asyncio.sleep(0.005)
         task.cancel()
@@ -530,20 +537,22 @@ def test_cancelled_append_async_still_commits_its_record(store: CaptureStore, mo
 
     asyncio.run(main())
     release.set()
-    store.close()  # waits for the in-flight commit
-    assert store.read("cancelled").entries == [(0, record)]
+    threaded_store.close()  # waits for the in-flight commit
+    assert threaded_store.read("cancelled").entries == [(0, record)]
 
 
 class LoopSyncSpy:
-    """Counts fdatasyncs per file and records which thread made them."""
+    """Records which files were fdatasynced and from which threads; `gate` runs before each sync."""
 
     def __init__(self, real: Callable[[int], None]) -> None:
         self.real = real
         self.lock = threading.Lock()
         self.paths: list[str] = []
         self.threads: set[int] = set()
+        self.gate: Callable[[], None] = lambda: None
 
     def __call__(self, fd: int) -> None:
+        self.gate()
         with self.lock:
             self.paths.append(fd_path(fd))
             self.threads.add(threading.get_ident())
@@ -551,23 +560,34 @@ class LoopSyncSpy:
 
 
 def test_awaited_appends_to_many_rollouts_share_syncs_off_the_loop(
-    store: CaptureStore, monkeypatch: pytest.MonkeyPatch
+    threaded_store: CaptureStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spy = LoopSyncSpy(os.fdatasync)
     monkeypatch.setattr(os, "fdatasync", spy)
     rollouts = [f"loop-{k}" for k in range(20)]
+    appends = 5 * len(rollouts)
+
+    def lines_written() -> int:
+        return sum(threaded_store.path_for(r).read_bytes().count(b"\n") for r in rollouts if threaded_store.path_for(r).exists())
+
+    def until_all_written() -> None:  # hold every sync until the loop has written every line
+        deadline = time.monotonic() + WAIT
+        while lines_written() < appends and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    spy.gate = until_all_written
 
     async def main() -> tuple[list[AppendResult], int]:
-        results = await asyncio.gather(*(store.append_async(r, make_record(i)) for i in range(5) for r in rollouts))
+        results = await asyncio.gather(*(threaded_store.append_async(r, make_record(i)) for i in range(5) for r in rollouts))
         return results, threading.get_ident()
 
     results, loop_thread = asyncio.run(main())
-    assert {result.path for result in results} == {store.path_for(r) for r in rollouts}
+    assert {result.path for result in results} == {threaded_store.path_for(r) for r in rollouts}
     assert loop_thread not in spy.threads  # the loop only writes; fsyncs run on helper threads
     data_syncs = [path for path in spy.paths if path.endswith(".capture.jsonl")]
-    assert len(data_syncs) < len(results)  # lines queued while a sync ran share the next one
+    assert len(data_syncs) < appends  # lines queued while a sync ran share the next one, per file
     for rollout_id in rollouts:
-        assert len(store.read(rollout_id, strict=True).entries) == 5
+        assert len(threaded_store.read(rollout_id, strict=True).entries) == 5
 
 
 def test_awaited_append_after_another_store_cleared_the_rollout_starts_a_new_file(tmp_path: Path) -> None:
@@ -634,7 +654,7 @@ def test_rollouts_past_the_open_file_limit_are_closed_and_reopened(tmp_path: Pat
 
 @pytest.mark.parametrize("failing", ["write", "fdatasync"])
 def test_failed_write_raises_store_error_and_marks_the_rollout_incomplete(
-    store: CaptureStore, monkeypatch: pytest.MonkeyPatch, failing: str
+    threaded_store: CaptureStore, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
     real = getattr(os, failing)
 
@@ -645,20 +665,20 @@ def test_failed_write_raises_store_error_and_marks_the_rollout_incomplete(
 
     monkeypatch.setattr(os, failing, no_space_for_capture_files)
     with pytest.raises(StoreError) as caught:
-        store.append("full", make_record())
+        threaded_store.append("full", make_record())
     assert isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == errno.ENOSPC
     assert "marked incomplete" in str(caught.value)
-    assert store.read("full").incomplete
-    assert b"No space left on device" in store.marker_path_for("full").read_bytes()
+    assert threaded_store.read("full").incomplete
+    assert b"No space left on device" in threaded_store.marker_path_for("full").read_bytes()
 
     with pytest.raises(StoreError):
-        asyncio.run(store.append_async("full-async", make_record()))
-    assert store.read("full-async").incomplete
+        asyncio.run(threaded_store.append_async("full-async", make_record()))
+    assert threaded_store.read("full-async").incomplete
 
     monkeypatch.setattr(os, failing, real)
     record = make_record()
-    store.append("full", record)
-    assert record in [r for _, r in store.read("full").entries]
+    threaded_store.append("full", record)
+    assert record in [r for _, r in threaded_store.read("full").entries]
 
 
 def test_unencodable_record_raises_store_error_and_marks_incomplete(store: CaptureStore) -> None:

@@ -65,7 +65,8 @@ class PendingAppend:
 
 
 def settle(entries: Sequence[PendingAppend], outcomes: Sequence[Outcome]) -> None:
-    """Wake every appender: threads one by one, and each event loop once for all its futures."""
+    """Wake every appender: threads one by one, and each event loop once for all its futures
+    (directly when called on that loop's own thread)."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[AppendResult], Outcome]]] = {}
     for entry, outcome in zip(entries, outcomes):
         entry.outcome = outcome
@@ -73,7 +74,16 @@ def settle(entries: Sequence[PendingAppend], outcomes: Sequence[Outcome]) -> Non
             by_loop.setdefault(entry.future.get_loop(), []).append((entry.future, outcome))
         elif entry.gate is not None:
             entry.gate.release()
+    if not by_loop:
+        return
+    try:
+        current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        current = None
     for loop, settled in by_loop.items():
+        if loop is current:
+            _settle_futures(settled)
+            continue
         try:
             loop.call_soon_threadsafe(_settle_futures, settled)
         except RuntimeError:  # the loop is closed: nobody awaits any more; the lines are durable

@@ -28,7 +28,8 @@ __all__ = ["DESCRIPTORS", "RolloutFileCache", "RolloutFiles", "SyncDescriptors"]
 
 
 class ForkClosedDescriptors:
-    """The descriptors this process opened for capture files, so a forked child can close its copies."""
+    """The descriptors this process opened for capture files (and their sync helper), so a forked
+    child can close its copies."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()  # held across fork(), so no descriptor is half-registered
@@ -39,6 +40,13 @@ class ForkClosedDescriptors:
             fd = os.open(path, flags | os.O_CLOEXEC, FILE_MODE)
             self._open.add(fd)
         return fd
+
+    def pipe(self) -> tuple[int, int]:
+        """A pipe (read end, write end), both closed in a forked child."""
+        with self._guard:
+            read_end, write_end = os.pipe()
+            self._open.update((read_end, write_end))
+        return read_end, write_end
 
     def close(self, fd: int) -> None:
         """Close `fd`, releasing any flock held through it."""

@@ -46,6 +46,7 @@ import orjson
 from llmtap._durable_files import append_lines_durably, sync_data, sync_directory, write_all, write_file_synced
 from llmtap._group_commit import BatchedSyncs, CommitThreads, GroupCommitter, PendingAppend, settle
 from llmtap._rollout_files import DESCRIPTORS, RolloutFileCache, RolloutFiles, SyncDescriptors
+from llmtap._sync_offload import SyncOffload
 from llmtap.errors import CaptureRecordError, InvalidRolloutIdError, StoreError
 
 __all__ = ["AppendResult", "CaptureStore", "ROLLOUT_ID_PATTERN", "ReadResult", "validate_rollout_id"]
@@ -178,8 +179,11 @@ class CaptureStore:
             calls = store.read("4-2").entries
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = True, sync_process: bool = True) -> None:
         self.root = Path(os.fspath(root)).expanduser().resolve()
+        # Awaited appends have their fdatasyncs done by a helper process (see `_sync_offload`);
+        # False keeps them on this process's helper threads.
+        self._sync_process = sync_process
         self._directory = str(self.root)
         if create:
             try:
@@ -201,6 +205,7 @@ class CaptureStore:
         self._sync_fds = SyncDescriptors()
         self._committer = GroupCommitter(self._commit, self._threads)
         self._syncs: BatchedSyncs[_SyncJob] = BatchedSyncs(self._sync_batch, self._threads)
+        self._offload: SyncOffload[_SyncJob] = SyncOffload(self._offloaded, enabled=self._sync_process)
 
     def __repr__(self) -> str:
         return f"CaptureStore('{self.root}')"
@@ -300,9 +305,29 @@ class CaptureStore:
             return True
         finally:
             files.mutex.release()
+        path = self._sibling(rollout_id, DATA_SUFFIX)
+        if not self._offload.submit(job, path, job.inode, job.new_file):
+            self._sync_on_threads(job)
+        return True
+
+    def _sync_on_threads(self, job: _SyncJob) -> None:
         if not self._syncs.submit(job):  # closed meanwhile: sync here rather than lose the line
             self._sync_batch([job])
-        return True
+
+    def _offloaded(self, results: list[tuple[_SyncJob, int | None]]) -> None:
+        """Settle what the sync helper answered: durable, failed with an errno, or not synced."""
+        durable: list[_SyncJob] = []
+        for job, status in results:
+            if status == 0:
+                durable.append(job)
+            elif status is None:
+                self._sync_on_threads(job)
+            else:
+                self._fail(job.rollout_id, [job.entry], OSError(status, os.strerror(status)))
+        settle(
+            [job.entry for job in durable],
+            [_append_result(self._sibling(job.rollout_id, DATA_SUFFIX), False) for job in durable],
+        )
 
     def _sync_batch(self, jobs: list[_SyncJob]) -> None:
         """Sync the files of lines written on a loop, then settle them: one sync per file and batch."""
@@ -592,6 +617,7 @@ class CaptureStore:
         """Wait for in-flight commits and syncs, stop the helper threads and close the rollouts'
         files; later appends raise StoreError."""
         self._committer.close()
+        self._offload.close()
         self._syncs.close()
         self._threads.close()
         self._files.close()

@@ -1,0 +1,265 @@
+"""The sync helper process: its protocol, and the store's awaited appends through it and without it."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import signal
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import llmtap._sync_offload as sync_offload
+from llmtap._sync_worker import ACK, NEW_FILE, REQUEST, serve
+from llmtap.errors import StoreError
+from llmtap.store import AppendResult, CaptureStore
+from tests.test_store import fd_path, make_record
+
+WAIT = 30.0
+
+
+# The worker's protocol, in-process ---------------------------------------------------------------
+
+
+class Worker:
+    """`serve` on a thread, fed through real pipes; `fdatasync` calls are recorded by path."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, fail: Callable[[str], int] = lambda path: 0) -> None:
+        self.synced: list[str] = []
+        real = os.fdatasync
+
+        def recording_fdatasync(fd: int) -> None:
+            path = fd_path(fd)
+            if code := fail(path):
+                raise OSError(code, os.strerror(code))
+            self.synced.append(path)
+            real(fd)
+
+        monkeypatch.setattr(os, "fdatasync", recording_fdatasync)
+        self.requests_read, self.requests_write = os.pipe()
+        self.acks_read, self.acks_write = os.pipe()
+        self.thread = threading.Thread(target=serve, args=(self.requests_read, self.acks_write), daemon=True)
+        self.thread.start()
+
+    def ask(self, *requests: tuple[int, Path, bool]) -> dict[int, int]:
+        """Send requests as one batch; return job id -> status."""
+        payload = b""
+        for job_id, path, new_file in requests:
+            found = os.stat(path) if path.exists() else None
+            inode = (found.st_dev, found.st_ino) if found else (0, 0)
+            encoded = os.fsencode(path)
+            payload += REQUEST.pack(job_id, *inode, len(encoded), NEW_FILE if new_file else 0) + encoded
+        os.write(self.requests_write, payload)
+        answers: dict[int, int] = {}
+        buffer = b""
+        while len(answers) < len(requests):
+            buffer += os.read(self.acks_read, 4096)
+            whole = len(buffer) - len(buffer) % ACK.size
+            answers.update(ACK.iter_unpack(buffer[:whole]))
+            buffer = buffer[whole:]
+        return answers
+
+    def stop(self) -> None:
+        os.close(self.requests_write)
+        self.thread.join(WAIT)
+        for fd in (self.requests_read, self.acks_read, self.acks_write):
+            os.close(fd)
+
+
+@pytest.fixture
+def worker(monkeypatch: pytest.MonkeyPatch) -> Iterator[Worker]:
+    running = Worker(monkeypatch)
+    yield running
+    running.stop()
+
+
+def test_worker_syncs_each_file_once_per_batch_and_acknowledges_every_request(worker: Worker, tmp_path: Path) -> None:
+    first, second = tmp_path / "a.capture.jsonl", tmp_path / "b.capture.jsonl"
+    first.write_bytes(b"{}\n")
+    second.write_bytes(b"{}\n")
+    answers = worker.ask((1, first, False), (2, second, False), (3, first, False))
+    assert answers == {1: 0, 2: 0, 3: 0}
+    assert sorted(worker.synced) == [str(first), str(second)]
+
+
+def test_worker_needs_no_sync_for_a_file_a_clear_has_replaced_or_removed(worker: Worker, tmp_path: Path) -> None:
+    replaced, removed = tmp_path / "replaced.capture.jsonl", tmp_path / "removed.capture.jsonl"
+    replaced.write_bytes(b"{}\n")
+    stale = os.stat(replaced)
+    replaced.rename(tmp_path / "kept")  # kept alive under another name, so its inode is not reused
+    replaced.write_bytes(b"{}\n")  # same name, new file: the one written is no longer there
+    encoded = os.fsencode(replaced)
+    os.write(worker.requests_write, REQUEST.pack(7, stale.st_dev, stale.st_ino, len(encoded), 0) + encoded)
+    assert struct.unpack("<QI", os.read(worker.acks_read, ACK.size)) == (7, 0)
+    assert worker.ask((8, removed, False)) == {8: 0}
+    assert worker.synced == []
+
+
+def test_worker_reports_a_failed_sync_by_its_errno(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    full = tmp_path / "full.capture.jsonl"
+    full.write_bytes(b"{}\n")
+    failing = Worker(monkeypatch, fail=lambda path: errno.ENOSPC if path.endswith("full.capture.jsonl") else 0)
+    try:
+        assert failing.ask((1, full, True)) == {1: errno.ENOSPC}
+    finally:
+        failing.stop()
+
+
+# The store through the helper ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[CaptureStore]:
+    with CaptureStore(tmp_path / "captures") as capture_store:
+        yield capture_store
+
+
+def spy_on_data_syncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Data-file fdatasyncs made in this process (the helper's are in its own)."""
+    synced: list[str] = []
+    real = os.fdatasync
+
+    def spy(fd: int) -> None:
+        if fd_path(fd).endswith(".capture.jsonl"):
+            synced.append(fd_path(fd))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", spy)
+    return synced
+
+
+async def append_many(store: CaptureStore, rollouts: list[str], per_rollout: int) -> list[AppendResult]:
+    return await asyncio.gather(*(store.append_async(r, make_record(i)) for i in range(per_rollout) for r in rollouts))
+
+
+def test_awaited_appends_are_synced_by_the_helper_not_in_this_process(
+    store: CaptureStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced_here = spy_on_data_syncs(monkeypatch)
+    rollouts = [f"r{k}" for k in range(8)]
+    results = asyncio.run(append_many(store, rollouts, 5))
+    assert len(results) == 40 and not any(result.late for result in results)
+    assert synced_here == []
+    helper = store._offload._process
+    assert helper is not None and helper.poll() is None
+    for rollout_id in rollouts:
+        assert len(store.read(rollout_id, strict=True).entries) == 5
+    store.close()
+    assert helper.poll() == 0  # closing the store ends its helper
+
+
+def test_appends_keep_working_on_helper_threads_when_the_helper_dies(
+    store: CaptureStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    asyncio.run(append_many(store, ["before"], 3))
+    helper = store._offload._process
+    assert helper is not None
+    synced_here = spy_on_data_syncs(monkeypatch)
+    os.kill(helper.pid, signal.SIGKILL)
+    helper.wait()
+    with caplog.at_level(logging.WARNING, logger="llmtap.store"):
+        results = asyncio.run(append_many(store, ["after-a", "after-b"], 10))
+    assert len(results) == 20
+    assert synced_here  # the thread path took over
+    assert [len(store.read(r, strict=True).entries) for r in ("before", "after-a", "after-b")] == [3, 10, 10]
+    warnings = [record for record in caplog.records if "sync helper" in record.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_a_sync_the_helper_reports_failed_fails_the_append_and_marks_the_rollout(
+    store: CaptureStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    no_space = tmp_path / "no_space_worker.py"
+    no_space.write_text(
+        "import os, struct\n"
+        "buffer = b''\n"
+        "while data := os.read(0, 65536):\n"
+        "    buffer += data\n"
+        "    while len(buffer) >= 27:\n"
+        "        job, _, _, length, _ = struct.unpack_from('<QQQHB', buffer)\n"
+        "        buffer = buffer[27 + length:]\n"
+        f"        os.write(1, struct.pack('<QI', job, {errno.ENOSPC}))\n"
+    )
+    monkeypatch.setattr(sync_offload, "_WORKER", str(no_space))
+    with pytest.raises(StoreError) as caught:
+        asyncio.run(store.append_async("full", make_record()))
+    assert isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == errno.ENOSPC
+    assert store.read("full").incomplete
+
+
+def test_one_store_serves_event_loops_one_after_another_and_side_by_side(store: CaptureStore) -> None:
+    asyncio.run(append_many(store, ["first-loop"], 5))
+    asyncio.run(append_many(store, ["second-loop"], 5))  # the helper moves to the new loop
+
+    def in_own_loop(rollout_id: str) -> None:
+        asyncio.run(append_many(store, [rollout_id], 50))
+
+    threads = [threading.Thread(target=in_own_loop, args=(f"thread-{k}",)) for k in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    counts = [len(store.read(r, strict=True).entries) for r in ("first-loop", "second-loop", "thread-0", "thread-1", "thread-2")]
+    assert counts == [5, 5, 50, 50, 50]
+
+
+def test_closing_the_store_from_another_thread_waits_for_the_helper_and_settles_every_append(tmp_path: Path) -> None:
+    store = CaptureStore(tmp_path)
+    results: list[AppendResult] = []
+    ready = threading.Event()
+
+    async def appender() -> None:
+        tasks = [asyncio.ensure_future(store.append_async(f"r{k % 4}", make_record(k))) for k in range(40)]
+        await asyncio.sleep(0)  # each append writes its line and hands it to the helper
+        ready.set()
+        results.extend(await asyncio.gather(*tasks))
+
+    loop_thread = threading.Thread(target=asyncio.run, args=(appender(),))
+    loop_thread.start()
+    assert ready.wait(WAIT)
+    store.close()  # the loop is still running in its own thread
+    loop_thread.join(WAIT)
+    assert not loop_thread.is_alive() and len(results) == 40
+    assert sum(len(store.read(f"r{k}", strict=True).entries) for k in range(4)) == 40
+
+
+def test_store_without_the_helper_never_starts_one(tmp_path: Path) -> None:
+    with CaptureStore(tmp_path, sync_process=False) as store:
+        asyncio.run(append_many(store, ["r"], 3))
+        assert store._offload._process is None
+        assert len(store.read("r").entries) == 3
+
+
+def test_helper_exits_when_its_store_process_is_killed(tmp_path: Path) -> None:
+    """The helper reads until its request pipe closes, which the kernel does when the owner dies."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            os.close(read_end)
+            store = CaptureStore(tmp_path)
+            asyncio.run(store.append_async("r", make_record()))
+            helper = store._offload._process
+            os.write(write_end, str(helper.pid if helper else 0).encode())
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    helper_pid = int(os.read(read_end, 64) or b"0")
+    os.close(read_end)
+    assert helper_pid
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline and Path(f"/proc/{helper_pid}").exists():
+        if Path(f"/proc/{helper_pid}/stat").read_text().split(") ")[1].startswith("Z"):
+            break  # exited; its parent is gone, so init reaps it
+        time.sleep(0.02)
+    alive = Path(f"/proc/{helper_pid}").exists() and not Path(f"/proc/{helper_pid}/stat").read_text().split(") ")[1].startswith("Z")
+    assert not alive
