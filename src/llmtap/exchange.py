@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["Exchange", "SECRET_HEADERS", "new_model_call_id", "safe_headers"]
 
@@ -52,7 +53,8 @@ def safe_headers(headers: Mapping[str, str] | list[tuple[bytes, bytes]] | None) 
     result: dict[str, str] = {}
     if not headers:
         return result
-    items = headers.items() if isinstance(headers, Mapping) else headers
+    # ASGI servers hand over a list: test for it first, the Mapping ABC check is the slow one.
+    items = headers if isinstance(headers, list) else headers.items() if isinstance(headers, Mapping) else headers
     for raw_name, raw_value in items:
         name = raw_name.decode("latin-1") if isinstance(raw_name, bytes) else str(raw_name)
         name = name.lower()
