@@ -60,12 +60,12 @@ class SSEDecoder:
             if chunk[:1] == b"\n":
                 chunk = chunk[1:]
         data = self._buffer + chunk if self._buffer else chunk
+        # Model servers end lines with LF: a plain split then; CR and CRLF take the general path.
+        lines = _LINE_END.split(data) if b"\r" in data else data.split(b"\n")
+        self._buffer = lines.pop()  # the unterminated remainder (empty when data ends a line)
         events: list[SSEEvent] = []
-        start = 0
-        for match in _LINE_END.finditer(data):
-            self._process_line(data[start : match.start()], events)
-            start = match.end()
-        self._buffer = data[start:]
+        for line in lines:
+            self._process_line(line, events)
         if data.endswith(b"\r"):
             # A CR ends a line, but a LF in the next chunk may complete the same CRLF.
             self._pending_cr = True
@@ -92,9 +92,14 @@ class SSEDecoder:
         if not raw:
             self._dispatch(events)
             return
-        line = raw.decode("utf-8", errors="replace")
-        if line.startswith(":"):
+        if raw.startswith(b"data:"):  # nearly every line of a model stream: no str work on the name
+            value = raw[6:] if raw[5:6] == b" " else raw[5:]
+            self._data.append(value.decode("utf-8", errors="replace"))
+            self._has_fields = True
             return
+        if raw.startswith(b":"):
+            return
+        line = raw.decode("utf-8", errors="replace")
         name, colon, value = line.partition(":")
         if colon and value.startswith(" "):
             value = value[1:]
@@ -115,7 +120,8 @@ class SSEDecoder:
 
     def _dispatch(self, events: list[SSEEvent]) -> None:
         if self._has_fields and (self._data or self._event is not None):
-            events.append(SSEEvent(self._event, "\n".join(self._data), self._id, self._retry))
+            data = self._data[0] if len(self._data) == 1 else "\n".join(self._data)
+            events.append(SSEEvent(self._event, data, self._id, self._retry))
         self._event = None
         self._data = []
         self._retry = None

@@ -223,7 +223,7 @@ class _CapturedCall:
             self.exchange.add_response_chunk(body)
             self.body_length += len(body)
             if message.get("more_body", False):
-                if self.held or self._is_terminal(body) or self._completes_body():
+                if self.capturing and (self.held or self._is_terminal(body) or self._completes_body()):
                     self.held.append(message)
                     return
                 await self._send(send, message)
@@ -241,8 +241,8 @@ class _CapturedCall:
         self.exchange.response_headers = safe_headers(message.get("headers"))
         declared = self.exchange.response_headers.get("content-length", "")
         self.content_length = int(declared) if declared.isdigit() else None
-        if self.exchange.is_stream and not self.exchange.response_headers.get("content-encoding"):
-            self.tracker = StreamTracker(self.dialect)
+        if self.capturing and self.exchange.is_stream and not self.exchange.response_headers.get("content-encoding"):
+            self.tracker = StreamTracker(self.dialect)  # only a captured call waits for its terminal event
 
     def _is_terminal(self, body: bytes) -> bool:
         return self.tracker is not None and self.tracker.feed(body)
