@@ -28,15 +28,15 @@ WAIT = 30.0
 
 
 class Worker:
-    """`serve` on a thread, fed through real pipes; `fdatasync` calls are recorded by path."""
+    """`serve` on a thread, fed through real pipes; `fdatasync` calls are recorded by path; `on_sync` may hold or fail one."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, fail: Callable[[str], int] = lambda path: 0) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, on_sync: Callable[[str], int] = lambda path: 0) -> None:
         self.synced: list[str] = []
         real = os.fdatasync
 
         def recording_fdatasync(fd: int) -> None:
             path = fd_path(fd)
-            if code := fail(path):
+            if code := on_sync(path):  # a non-zero errno fails the sync
                 raise OSError(code, os.strerror(code))
             self.synced.append(path)
             real(fd)
@@ -104,11 +104,73 @@ def test_worker_needs_no_sync_for_a_file_a_clear_has_replaced_or_removed(worker:
 def test_worker_reports_a_failed_sync_by_its_errno(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     full = tmp_path / "full.capture.jsonl"
     full.write_bytes(b"{}\n")
-    failing = Worker(monkeypatch, fail=lambda path: errno.ENOSPC if path.endswith("full.capture.jsonl") else 0)
+    failing = Worker(monkeypatch, on_sync=lambda path: errno.ENOSPC if path.endswith("full.capture.jsonl") else 0)
     try:
         assert failing.ask((1, full, True)) == {1: errno.ENOSPC}
     finally:
         failing.stop()
+
+
+def test_worker_answers_a_fast_file_while_a_slow_one_is_still_syncing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    slow, fast = tmp_path / "slow.capture.jsonl", tmp_path / "fast.capture.jsonl"
+    for path in (slow, fast):
+        path.write_bytes(b"{}\n")
+    release = threading.Event()
+
+    def hold_the_slow_file(path: str) -> int:
+        if path.endswith("slow.capture.jsonl"):
+            release.wait(WAIT)
+        return 0
+
+    worker = Worker(monkeypatch, on_sync=hold_the_slow_file)
+    try:
+        encoded = os.fsencode(slow)
+        found = os.stat(slow)
+        os.write(worker.requests_write, REQUEST.pack(1, found.st_dev, found.st_ino, len(encoded), 0) + encoded)
+        assert worker.ask((2, fast, False)) == {2: 0}  # answered while the slow sync is held
+        release.set()
+        assert struct.unpack("<QI", os.read(worker.acks_read, ACK.size)) == (1, 0)
+    finally:
+        release.set()
+        worker.stop()
+
+
+def test_requests_arriving_during_a_files_sync_share_its_next_sync(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    busy = tmp_path / "busy.capture.jsonl"
+    busy.write_bytes(b"{}\n")
+    entered, release = threading.Event(), threading.Event()
+
+    def hold_first_sync(path: str) -> int:
+        if not entered.is_set():
+            entered.set()
+            release.wait(WAIT)
+        return 0
+
+    worker = Worker(monkeypatch, on_sync=hold_first_sync)
+    try:
+        found = os.stat(busy)
+        encoded = os.fsencode(busy)
+
+        def request(job_id: int) -> bytes:
+            return REQUEST.pack(job_id, found.st_dev, found.st_ino, len(encoded), 0) + encoded
+
+        os.write(worker.requests_write, request(1))
+        assert entered.wait(WAIT)
+        os.write(worker.requests_write, request(2) + request(3))  # written after the first sync began
+        time.sleep(0.05)
+        release.set()
+        answers = b""
+        while len(answers) < 3 * ACK.size:
+            answers += os.read(worker.acks_read, 4096)
+        assert sorted(ACK.iter_unpack(answers)) == [(1, 0), (2, 0), (3, 0)]
+        assert worker.synced == [str(busy), str(busy)]  # one sync for the first, one for the two after
+    finally:
+        release.set()
+        worker.stop()
 
 
 # The store through the helper ---------------------------------------------------------------------
