@@ -615,6 +615,19 @@ def test_awaited_append_repairs_a_torn_tail_left_by_another_writer(store: Captur
     assert read.invalid_lines == [1] and not read.torn_tail
 
 
+def test_append_after_another_tool_rewrote_the_file_to_the_same_size_keeps_records_whole(store: CaptureStore) -> None:
+    """The store keeps the data file open; a size equal to what it last wrote proves nothing."""
+    store.append("r", make_record(0))
+    path = store.path_for("r")
+    size = path.stat().st_size
+    with open(path, "r+b") as rewriter:  # same inode, same length, but now ends mid-line
+        rewriter.write(b"x" * (size - 1) + b"y")
+    store.append("r", make_record(1))
+    read = store.read("r")
+    assert [record["index"] for _, record in read.entries] == [1]
+    assert read.invalid_lines == [0] and not read.torn_tail
+
+
 def test_awaited_append_waits_for_a_rollout_another_process_holds(store: CaptureStore) -> None:
     holder = os.open(store.root / "held.capture.lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(holder, fcntl.LOCK_EX)  # a separate open file: as another process's commit

@@ -84,11 +84,9 @@ class RolloutFiles:
     `cleared_at` is the clear() fence read when the data file was opened. It stays exact while
     that file is still linked: clear() unlinks the data file, so a descriptor whose file has no
     links left means a clear() since, and the file and the fence are looked up again.
-    `known_size` is the file's size after this process's last write: an unchanged size means the
-    file still ends with that write's newline, so the torn-tail check needs no read.
     """
 
-    __slots__ = ("mutex", "lock_fd", "data_fd", "cleared_at", "known_size", "closed")
+    __slots__ = ("cleared_at", "closed", "data_fd", "lock_fd", "mutex")
 
     def __init__(self, lock_path: str) -> None:
         self.mutex = threading.Lock()
@@ -96,7 +94,6 @@ class RolloutFiles:
         self.lock_fd = DESCRIPTORS.open(lock_path, os.O_RDWR | os.O_CREAT)
         self.data_fd: int | None = None
         self.cleared_at: float | None = None
-        self.known_size = -1
 
     def open_data(self, path: str) -> int:
         """Open (creating) the data file for append; the caller has checked the fence first."""
@@ -107,7 +104,6 @@ class RolloutFiles:
     def forget_data(self) -> None:
         if self.data_fd is not None:
             fd, self.data_fd = self.data_fd, None
-            self.known_size = -1
             DESCRIPTORS.close(fd)
 
     def close(self) -> None:

@@ -433,11 +433,11 @@ class CaptureStore:
             fd = files.data_fd
         payload = b"".join(lines)
         size = data.st_size
-        if size and size != files.known_size and os.pread(fd, 1, size - 1) != b"\n":
+        # Read the last byte every time: a size alone cannot tell this process's own last line
+        # from a file another tool rewrote to the same length.
+        if size and os.pread(fd, 1, size - 1) != b"\n":
             payload = b"\n" + payload
-        files.known_size = -1  # unknown until the write is whole
         write_all(fd, payload)
-        files.known_size = size + len(payload)
         return fd, (data.st_dev, data.st_ino), size == 0
 
     def _lock(self, rollout_id: str) -> int:
