@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import llmtap._sync_offload as sync_offload
+import llmtap._sync_worker as sync_worker
 from llmtap._sync_worker import ACK, NEW_FILE, REQUEST, serve
 from llmtap.errors import StoreError
 from llmtap.store import AppendResult, CaptureStore
@@ -111,24 +112,33 @@ def test_worker_reports_a_failed_sync_by_its_errno(monkeypatch: pytest.MonkeyPat
         failing.stop()
 
 
+@pytest.mark.parametrize("already_slow", [True, False], ids=["syncs-known-slow", "slow-sync-detected"])
 def test_worker_answers_a_fast_file_while_a_slow_one_is_still_syncing(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, already_slow: bool
 ) -> None:
-    slow, fast = tmp_path / "slow.capture.jsonl", tmp_path / "fast.capture.jsonl"
-    for path in (slow, fast):
+    """Fast syncs run one after another on the reading thread; once a sync is seen to be slow,
+    files go to threads, so a stalled file no longer holds the others."""
+    if already_slow:
+        monkeypatch.setattr(sync_worker, "FAST_SYNC_SECONDS", 0.0)
+    slow, fast, first = (tmp_path / f"{name}.capture.jsonl" for name in ("slow", "fast", "first"))
+    for path in (slow, fast, first):
         path.write_bytes(b"{}\n")
     release = threading.Event()
 
     def hold_the_slow_file(path: str) -> int:
+        if path.endswith("first.capture.jsonl"):
+            time.sleep(0.05)  # slower than FAST_SYNC_SECONDS: later batches go to threads
         if path.endswith("slow.capture.jsonl"):
             release.wait(WAIT)
         return 0
 
     worker = Worker(monkeypatch, on_sync=hold_the_slow_file)
     try:
+        assert worker.ask((0, first, False)) == {0: 0}
         encoded = os.fsencode(slow)
         found = os.stat(slow)
         os.write(worker.requests_write, REQUEST.pack(1, found.st_dev, found.st_ino, len(encoded), 0) + encoded)
+        time.sleep(0.05)  # the slow request is taken before the fast one arrives
         assert worker.ask((2, fast, False)) == {2: 0}  # answered while the slow sync is held
         release.set()
         assert struct.unpack("<QI", os.read(worker.acks_read, ACK.size)) == (1, 0)
@@ -140,6 +150,7 @@ def test_worker_answers_a_fast_file_while_a_slow_one_is_still_syncing(
 def test_requests_arriving_during_a_files_sync_share_its_next_sync(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    monkeypatch.setattr(sync_worker, "FAST_SYNC_SECONDS", 0.0)  # on threads, where a sync can overlap requests
     busy = tmp_path / "busy.capture.jsonl"
     busy.write_bytes(b"{}\n")
     entered, release = threading.Event(), threading.Event()

@@ -12,7 +12,9 @@ status): 0 when the file is durable, or when the path now names another file (a 
 the one written, so there is nothing left to make durable); otherwise the errno of the failure.
 Acknowledgements come in the order syncs finish, not the order of the requests.
 
-Files are synced in parallel, on up to `MAX_THREADS` threads: concurrent fdatasyncs of different
+While syncs are fast (a recent average under `FAST_SYNC_SECONDS`), a batch is synced right on
+the reading thread, file after file: no thread hand-offs, the cheapest path. Once they are slow,
+files are synced in parallel on up to `MAX_THREADS` threads: concurrent fdatasyncs of different
 files share the filesystem's journal commits, so on a slow disk 128 rollouts cost about one sync,
 not 128 in a row. Requests for a file that is being synced wait for its next sync (their bytes
 may have been written after the running one started), and share it.
@@ -25,12 +27,14 @@ import queue
 import struct
 import sys
 import threading
+import time
 from collections import OrderedDict
 
 REQUEST = struct.Struct("<QQQHB")
 ACK = struct.Struct("<QI")
 NEW_FILE = 1
 MAX_THREADS = 32
+FAST_SYNC_SECONDS = 0.0005
 IDLE_FILES_KEPT_OPEN = 256
 
 
@@ -117,6 +121,7 @@ class Syncer:
         self._backlog = 0  # files queued while every thread was busy
         self._unanswered = 0
         self._ack_lock = threading.Lock()
+        self.average_sync_seconds = 0.0
 
     def request(self, job_id: int, key: tuple[int, int], path: bytes, flags: int) -> None:
         with self._lock:
@@ -159,8 +164,7 @@ class Syncer:
                     file.syncing = False
                     self._close_idle_files()
                     return
-            directory_status = _sync_directory(file.path) if any(flags & NEW_FILE for _, flags in batch) else 0
-            status = directory_status or file.sync(key)
+            status = self._sync_timed(file, key, batch)
             acks = b"".join(ACK.pack(job_id, status) for job_id, _ in batch)
             with self._ack_lock:
                 _write_all(self._acks_fd, acks)
@@ -168,6 +172,39 @@ class Syncer:
                 self._unanswered -= len(batch)
                 if not self._unanswered:
                     self._done.notify_all()
+
+    def _sync_timed(self, file: _File, key: tuple[int, int], batch: list[tuple[int, int]]) -> int:
+        """Sync a file (and its directory when new) for `batch`; fold the time into the average."""
+        started = time.monotonic()
+        directory_status = _sync_directory(file.path) if any(flags & NEW_FILE for _, flags in batch) else 0
+        status = directory_status or file.sync(key)
+        elapsed = time.monotonic() - started
+        self.average_sync_seconds += (elapsed - self.average_sync_seconds) / 8  # a racy update only blurs it
+        return status
+
+    def sync_here(self, requests: list[tuple[int, tuple[int, int], bytes, int]]) -> bool:
+        """Sync a batch on the calling thread, file after file, when syncs are fast and no thread
+        is syncing (one could hold a file of this batch); False to hand it to the threads."""
+        with self._lock:
+            if self.average_sync_seconds >= FAST_SYNC_SECONDS or any(f.syncing for f in self._files.values()):
+                return False
+            by_file: dict[tuple[int, int], list[tuple[int, int]]] = {}
+            for job_id, key, path, flags in requests:
+                if key not in self._files:
+                    self._files[key] = _File(path)
+                self._files.move_to_end(key)
+                by_file.setdefault(key, []).append((job_id, flags))
+        acks = [
+            ACK.pack(job_id, status)
+            for key, batch in by_file.items()
+            for status in (self._sync_timed(self._files[key], key, batch),)
+            for job_id, _ in batch
+        ]
+        with self._ack_lock:
+            _write_all(self._acks_fd, b"".join(acks))
+        with self._lock:
+            self._close_idle_files()
+        return True
 
     def _close_idle_files(self) -> None:
         """Keep at most IDLE_FILES_KEPT_OPEN files known; the least recently requested idle ones go."""
@@ -195,8 +232,10 @@ def serve(requests_fd: int, acks_fd: int, max_threads: int = MAX_THREADS) -> Non
     try:
         while data := os.read(requests_fd, 1 << 16):
             buffer += data
-            for job_id, key, path, flags in parse_requests(buffer):
-                syncer.request(job_id, key, path, flags)
+            requests = parse_requests(buffer)
+            if not syncer.sync_here(requests):
+                for job_id, key, path, flags in requests:
+                    syncer.request(job_id, key, path, flags)
     finally:
         syncer.finish()
 
