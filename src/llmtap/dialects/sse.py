@@ -93,8 +93,8 @@ class SSEDecoder:
             self._dispatch(events)
             return
         if raw.startswith(b"data:"):  # nearly every line of a model stream: no str work on the name
-            value = raw[6:] if raw[5:6] == b" " else raw[5:]
-            self._data.append(value.decode("utf-8", errors="replace"))
+            data = raw[6:] if raw[5:6] == b" " else raw[5:]
+            self._data.append(data.decode("utf-8", errors="replace"))
             self._has_fields = True
             return
         if raw.startswith(b":"):
