@@ -245,6 +245,27 @@ def test_appends_keep_working_on_helper_threads_when_the_helper_dies(
     assert len(warnings) == 1
 
 
+def test_requests_beyond_a_full_pipe_wait_for_the_helper_and_all_complete(store: CaptureStore) -> None:
+    asyncio.run(append_many(store, ["warm-up"], 1))  # the helper is running
+    helper = store._offload._process
+    assert helper is not None
+    os.kill(helper.pid, signal.SIGSTOP)  # it reads nothing while thousands of requests queue up
+
+    async def main() -> list[AppendResult]:
+        appends = asyncio.gather(*(store.append_async(f"r{k % 50}", {"model_call_id": str(k)}) for k in range(3000)))
+        await asyncio.sleep(0.3)
+        os.kill(helper.pid, signal.SIGCONT)
+        return await appends
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        os.kill(helper.pid, signal.SIGCONT)
+    assert len(results) == 3000
+    assert sum(len(store.read(f"r{k}", strict=True).entries) for k in range(50)) == 3000
+    assert helper.poll() is None  # the helper did the syncs; nothing fell back
+
+
 def test_a_sync_the_helper_reports_failed_fails_the_append_and_marks_the_rollout(
     store: CaptureStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

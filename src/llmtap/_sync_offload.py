@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import select
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from llmtap._durable_files import write_all
 from llmtap._rollout_files import DESCRIPTORS
 from llmtap._sync_worker import ACK, NEW_FILE, REQUEST
 
@@ -57,6 +57,8 @@ class SyncOffload(Generic[T]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._usable = enabled and bool(sys.executable)
         self._closed = False
+        self._outbox: list[bytes] = []  # requests not yet written to the helper
+        self._flush_scheduled = False
 
     def submit(self, token: T, path: str, inode: tuple[int, int], new_file: bool) -> bool:
         """Ask the helper to sync `path` (which must still be `inode`); False to sync it another way.
@@ -69,22 +71,48 @@ class SyncOffload(Generic[T]):
         if loop is not self._loop and not self._attach(loop):
             return False
         encoded = os.fsencode(path)
-        if REQUEST.size + len(encoded) > select.PIPE_BUF:  # only small writes to a pipe are atomic
-            return False
         with self._lock:
             job_id = self._next_id
             self._next_id += 1
             self._pending[job_id] = token
-        flags = NEW_FILE if new_file else 0
-        try:
-            os.write(self._requests_fd, REQUEST.pack(job_id, inode[0], inode[1], len(encoded), flags) + encoded)
-        except OSError as exc:
-            with self._lock:
-                del self._pending[job_id]
-            if not isinstance(exc, BlockingIOError):  # full pipe: busy; anything else: the helper is gone
-                self._give_up("its request pipe failed", exc)
-            return False
+            self._outbox.append(REQUEST.pack(job_id, inode[0], inode[1], len(encoded), NEW_FILE if new_file else 0))
+            self._outbox.append(encoded)
+            if self._flush_scheduled:
+                return True
+            self._flush_scheduled = True
+        loop.call_soon(self._flush)
         return True
+
+    def _flush(self) -> None:
+        """Send every request queued during this turn of the loop with one write.
+
+        One write per turn, not per call: under load the helper wakes once for many requests.
+        Only the loop's thread writes, so a short write just leaves the rest for when the pipe
+        drains; a request split across writes is reassembled by the helper.
+        """
+        with self._lock:
+            self._flush_scheduled = False
+            if not self._outbox or self._requests_fd < 0:
+                return
+            data = b"".join(self._outbox)
+            self._outbox.clear()
+            try:
+                written = os.write(self._requests_fd, data)
+            except BlockingIOError:
+                written = 0
+            except OSError as exc:  # the helper is gone: its reader's end of file hands the jobs back
+                self._give_up("its request pipe failed", exc)
+                return
+            if written < len(data):
+                self._outbox.append(data[written:])
+                self._flush_scheduled = True
+                if self._loop is not None:
+                    self._loop.add_writer(self._requests_fd, self._flush_when_writable)
+
+    def _flush_when_writable(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_writer(self._requests_fd)
+        self._flush()
 
     def _attach(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Start the helper if needed and read its answers on `loop`; False if another loop still owns it."""
@@ -187,8 +215,19 @@ class SyncOffload(Generic[T]):
         self._closed = True
         if self._process is None:
             return
-        DESCRIPTORS.close(self._requests_fd)
-        self._requests_fd = -1
+        loop = self._loop
+        if loop is not None and not loop.is_closed() and (not loop.is_running() or _runs_on(loop)):
+            loop.remove_writer(self._requests_fd)  # close() sends the rest itself
+        with self._lock:  # what this turn of the loop has not sent yet goes now
+            if self._outbox and self._usable:
+                os.set_blocking(self._requests_fd, True)
+                try:
+                    write_all(self._requests_fd, b"".join(self._outbox))
+                except OSError as exc:  # the helper is gone: its end of file hands the jobs back
+                    self._give_up("its request pipe failed", exc)
+            self._outbox.clear()
+            DESCRIPTORS.close(self._requests_fd)
+            self._requests_fd = -1
         loop = self._loop
         if self._acks_fd < 0 or (loop is not None and loop.is_running() and not _runs_on(loop)):
             self._process.wait()  # answers already all read, or the running loop reads them
