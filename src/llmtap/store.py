@@ -33,6 +33,7 @@ import functools
 import logging
 import os
 import re
+import threading
 import time
 import weakref
 from collections.abc import Iterator, Mapping
@@ -62,6 +63,8 @@ MARKER_SUFFIX = ".capture.incomplete"
 LOCK_SUFFIX = ".capture.lock"
 TOMBSTONE_SUFFIX = ".capture.cleared"
 LATE_SUFFIX = ".capture.late.jsonl"
+
+_TURN_WAIT_SECONDS = 30.0  # how long close() waits for another thread's loop to write what it accepted
 
 _JSON_TYPE_NAMES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
@@ -156,15 +159,15 @@ def _describe(exc: BaseException) -> str:
 
 
 class _SyncJob:
-    """A line an event loop wrote to the data file `inode`, waiting for its fdatasync."""
+    """Lines an event loop wrote to the data file `inode` with one write, waiting for its fdatasync."""
 
-    __slots__ = ("rollout_id", "inode", "new_file", "entry")
+    __slots__ = ("entries", "inode", "new_file", "rollout_id")
 
-    def __init__(self, rollout_id: str, inode: tuple[int, int], new_file: bool, entry: PendingAppend) -> None:
+    def __init__(self, rollout_id: str, inode: tuple[int, int], new_file: bool, entries: list[PendingAppend]) -> None:
         self.rollout_id = rollout_id
         self.inode = inode
         self.new_file = new_file
-        self.entry = entry
+        self.entries = entries
 
 
 class CaptureStore:
@@ -206,6 +209,10 @@ class CaptureStore:
         self._committer = GroupCommitter(self._commit, self._threads)
         self._syncs: BatchedSyncs[_SyncJob] = BatchedSyncs(self._sync_batch, self._threads)
         self._offload: SyncOffload[_SyncJob] = SyncOffload(self._offloaded, enabled=self._sync_process)
+        self._turn = threading.local()  # `lines`: what this thread's event loop appended in its current turn
+        self._turn_lines_cond = threading.Condition()
+        self._turn_lines_waiting = 0  # accepted by append_async, not yet written or queued
+        self._closing = False
 
     def __repr__(self) -> str:
         return f"CaptureStore('{self.root}')"
@@ -239,17 +246,40 @@ class CaptureStore:
     async def append_async(self, rollout_id: str, record: Mapping[str, Any]) -> AppendResult:
         """Append `record` and await its durability without blocking the event loop.
 
-        The record is encoded and, when the rollout's locks are free, written on the loop (a
-        page-cache write); the fdatasync, or the whole commit when the locks are busy, runs on
-        a store-owned thread, never the loop's default executor. Cancelling the await does not
-        cancel the write: the record is still committed.
+        The record is encoded here. At the end of the loop's current turn, the lines each rollout
+        received during it are written with one write when the rollout's locks are free (a
+        page-cache write), and a sync helper process, or failing that a store-owned thread,
+        fdatasyncs them; when the locks are busy the lines join the group commit on a thread.
+        Never the loop's default executor. Cancelling the await does not cancel the write: the
+        record is still committed.
         """
-        future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[AppendResult] = loop.create_future()
         rollout_id = validate_rollout_id(rollout_id)
         entry = PendingAppend(self._encode(rollout_id, record), _started_at(record), future)
-        if not self._write_now(rollout_id, entry):
-            self._enqueue(rollout_id, entry)
+        with self._turn_lines_cond:
+            if self._closing:
+                self._enqueue(rollout_id, entry)  # raises the closed store's error
+            self._turn_lines_waiting += 1
+        turn: dict[str, list[PendingAppend]] | None = getattr(self._turn, "lines", None)
+        if turn is None:
+            turn = self._turn.lines = {}
+            loop.call_soon(self._write_turn, turn)
+        turn.setdefault(rollout_id, []).append(entry)
         return await future
+
+    def _write_turn(self, turn: dict[str, list[PendingAppend]]) -> None:
+        """Write what one turn of the loop appended, a write per rollout; the rest goes to the group commit."""
+        if getattr(self._turn, "lines", None) is turn:
+            self._turn.lines = None
+        try:
+            for rollout_id, entries in turn.items():
+                for entry in self._write_now(rollout_id, entries):
+                    self._enqueue(rollout_id, entry)
+        finally:
+            with self._turn_lines_cond:
+                self._turn_lines_waiting -= sum(len(entries) for entries in turn.values())
+                self._turn_lines_cond.notify_all()
 
     def _enqueue(self, rollout_id: str, entry: PendingAppend) -> None:
         """Queue a line for the group commit (a blocking append commits it on its own thread)."""
@@ -272,43 +302,47 @@ class CaptureStore:
                 "pass a mapping with string keys and JSON-able values."
             ) from exc
 
-    def _write_now(self, rollout_id: str, entry: PendingAppend) -> bool:
-        """Write an awaited line on the caller's thread and queue its sync; False to group-commit it.
+    def _write_now(self, rollout_id: str, entries: list[PendingAppend]) -> list[PendingAppend]:
+        """Write awaited lines on the loop's thread and queue their sync; return those left to group-commit.
 
         Only what cannot block: the in-process mutex and the flock are tried without waiting, and
-        a line the clear() fence diverts goes the long way. True means the entry is settled or
-        will be by the sync (a failed write settles it with its StoreError here).
+        lines the clear() fence diverts go the long way. Lines written are settled by their sync;
+        a failed write settles them with its StoreError here.
         """
         if self._committer.closed:
-            return False
+            return entries
         try:
             files = self._files.acquire(rollout_id, blocking=False)
         except (StoreError, OSError):
-            return False  # closing, or the lock file cannot be opened: the group commit reports it
+            return entries  # closing, or the lock file cannot be opened: the group commit reports it
         if files is None:
-            return False
+            return entries
         try:
             try:
                 fcntl.flock(files.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                return False  # another process (or clear()) holds the rollout
+                return entries  # another process (or clear()) holds the rollout
             try:
                 cleared_at, data = self._current_data(rollout_id, files)
-                if cleared_at is not None and entry.started_at is not None and entry.started_at < cleared_at:
-                    return False
-                _, inode, new_file = self._write_lines(rollout_id, files, data, [entry.line])
-                job = _SyncJob(rollout_id, inode, new_file, entry)
+                current, late = entries, []
+                if cleared_at is not None:
+                    late = [e for e in entries if e.started_at is not None and e.started_at < cleared_at]
+                    current = [e for e in entries if e.started_at is None or e.started_at >= cleared_at]
+                if not current:
+                    return late
+                _, inode, new_file = self._write_lines(rollout_id, files, data, [entry.line for entry in current])
+                job = _SyncJob(rollout_id, inode, new_file, current)
             finally:
                 fcntl.flock(files.lock_fd, fcntl.LOCK_UN)
         except Exception as exc:
-            self._fail(rollout_id, [entry], exc)
-            return True
+            self._fail(rollout_id, [entry for entry in entries if entry.outcome is None], exc)
+            return []
         finally:
             files.mutex.release()
         path = self._sibling(rollout_id, DATA_SUFFIX)
         if not self._offload.submit(job, path, job.inode, job.new_file):
             self._sync_on_threads(job)
-        return True
+        return late
 
     def _sync_on_threads(self, job: _SyncJob) -> None:
         if not self._syncs.submit(job):  # closed meanwhile: sync here rather than lose the line
@@ -323,11 +357,13 @@ class CaptureStore:
             elif status is None:
                 self._sync_on_threads(job)
             else:
-                self._fail(job.rollout_id, [job.entry], OSError(status, os.strerror(status)))
-        settle(
-            [job.entry for job in durable],
-            [_append_result(self._sibling(job.rollout_id, DATA_SUFFIX), False) for job in durable],
-        )
+                self._fail(job.rollout_id, job.entries, OSError(status, os.strerror(status)))
+        self._settle_durable(durable)
+
+    def _settle_durable(self, jobs: list[_SyncJob]) -> None:
+        entries = [entry for job in jobs for entry in job.entries]
+        results = [_append_result(self._sibling(job.rollout_id, DATA_SUFFIX), False) for job in jobs for _ in job.entries]
+        settle(entries, results)
 
     def _sync_batch(self, jobs: list[_SyncJob]) -> None:
         """Sync the files of lines written on a loop, then settle them: one sync per file and batch."""
@@ -344,7 +380,7 @@ class CaptureStore:
                     errors[job.inode] = self._sync_inode(job.rollout_id, job.inode)
         except BaseException as exc:
             for job in jobs:
-                self._fail(job.rollout_id, [job.entry], exc)
+                self._fail(job.rollout_id, job.entries, exc)
             raise
         durable: list[_SyncJob] = []
         for job in jobs:
@@ -352,11 +388,8 @@ class CaptureStore:
             if error is None:
                 durable.append(job)
             else:
-                self._fail(job.rollout_id, [job.entry], error)
-        settle(
-            [job.entry for job in durable],
-            [_append_result(self._sibling(job.rollout_id, DATA_SUFFIX), False) for job in durable],
-        )
+                self._fail(job.rollout_id, job.entries, error)
+        self._settle_durable(durable)
 
     def _sync_inode(self, rollout_id: str, inode: tuple[int, int]) -> OSError | None:
         """fdatasync one data file, or the error; a file a clear() has unlinked since needs none."""
@@ -615,7 +648,19 @@ class CaptureStore:
 
     def close(self) -> None:
         """Wait for in-flight commits and syncs, stop the helper threads and close the rollouts'
-        files; later appends raise StoreError."""
+        files; later appends raise StoreError. Appends already accepted are written first."""
+        with self._turn_lines_cond:
+            self._closing = True
+        own_turn = getattr(self._turn, "lines", None)
+        if own_turn:  # closed from the loop that appended them, before its turn ended
+            self._write_turn(own_turn)
+        with self._turn_lines_cond:
+            if not self._turn_lines_cond.wait_for(lambda: not self._turn_lines_waiting, timeout=_TURN_WAIT_SECONDS):
+                logger.error(
+                    "Closing '%s' with %d appended records never written: their event loop stopped first.",
+                    self.root,
+                    self._turn_lines_waiting,
+                )
         self._committer.close()
         self._offload.close()
         self._syncs.close()
