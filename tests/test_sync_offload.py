@@ -323,6 +323,20 @@ def test_closing_the_store_from_another_thread_waits_for_the_helper_and_settles_
     assert sum(len(store.read(f"r{k}", strict=True).entries) for k in range(4)) == 40
 
 
+def test_closing_the_store_on_its_own_loop_writes_the_appends_of_the_current_turn(tmp_path: Path) -> None:
+    store = CaptureStore(tmp_path)
+
+    async def main() -> list[AppendResult]:
+        tasks = [asyncio.ensure_future(store.append_async("r", make_record(k))) for k in range(10)]
+        await asyncio.sleep(0)  # every append is accepted; the turn's write has not run yet
+        store.close()  # on the loop's own thread: writes them, syncs them, settles them
+        return await asyncio.gather(*tasks)
+
+    results = asyncio.run(main())
+    assert len(results) == 10 and all(result.path == store.path_for("r") for result in results)
+    assert len(store.read("r", strict=True).entries) == 10
+
+
 def test_store_without_the_helper_never_starts_one(tmp_path: Path) -> None:
     with CaptureStore(tmp_path, sync_process=False) as store:
         asyncio.run(append_many(store, ["r"], 3))
