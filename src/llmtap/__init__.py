@@ -14,8 +14,9 @@ Usage::
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+TYPE_CHECKING = False  # `typing` is not imported at run time: this package loads in every captured process
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0"
 
@@ -80,6 +81,8 @@ def __getattr__(name: str) -> Any:
     module_name = _EXPORTS.get(name)
     if module_name is None:
         raise AttributeError(f"module 'llmtap' has no attribute {name!r}")
+    from importlib import import_module
+
     value = getattr(import_module(module_name), name)
     globals()[name] = value
     return value

@@ -1,5 +1,5 @@
-"""`python -m llmtap` runs the `llmtap` command."""
+"""`python -m llmtap` runs the `llmtap` command (with the same fast path for `llmtap run`)."""
 
-from .cli import main
+from .cli import console_main
 
-main()
+console_main()

@@ -1,19 +1,24 @@
-"""Capsule files: env.lock safety, per-process health sums, tamper-proof finalisation, run lookup, ids."""
+"""Capsule files: env.lock safety, per-process health sums, tamper-proof finalisation, run lookup, ids,
+times, and the order in which a capsule's files reach the disk."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from llmtap.capsule.envlock import env_lock, interpreter_lines, parse_interpreter_lines, safe_environment, scan_packages
 from llmtap.capsule.finalise import CaptureOutcome, finalise_capsule
 from llmtap.capsule.health import sum_process_health, write_process_health
-from llmtap.capsule.manifest import CapsuleError, find_capsule, list_capsules, start_manifest
-from llmtap.capsule.ulid import new_ulid, ulid_time
-from llmtap.capsule.writer import create_capsule
+from llmtap.capsule.manifest import CapsuleError, find_capsule, iso_time, list_capsules, start_manifest
+from llmtap.capsule.ulid import is_ulid, new_ulid, ulid_time
+from llmtap.capsule.writer import create_capsule, create_capsule_directories, write_json_last, write_new_file
 
 
 def test_the_safe_environment_keeps_allowlisted_names_and_withholds_secrets() -> None:
@@ -114,3 +119,67 @@ def test_ulids_sort_by_creation_and_carry_their_time() -> None:
     assert abs(ulid_time(new_ulid(now_ms=1_700_000_000_000)) - 1_700_000_000.0) < 0.001
     with pytest.raises(ValueError):
         ulid_time("not-a-ulid")
+
+
+@given(st.one_of(st.floats(min_value=0, max_value=2**33, allow_nan=False), st.integers(0, 2**33).map(float)))
+def test_capsule_times_read_as_datetime_writes_them(seconds: float) -> None:
+    expected = dt.datetime.fromtimestamp(seconds, tz=dt.UTC).isoformat().replace("+00:00", "Z")
+    assert iso_time(seconds) == expected
+
+
+@pytest.mark.parametrize("seconds", [0.0, 0.9999995, 1.0000005, 1_700_000_000.0000005, 1_700_000_000.5, 1_700_000_000.999_999_6])
+def test_capsule_times_round_microseconds_as_datetime_does(seconds: float) -> None:
+    assert iso_time(seconds) == dt.datetime.fromtimestamp(seconds, tz=dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+@given(st.text(alphabet="0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabc-", min_size=24, max_size=28))
+def test_a_ulid_is_what_the_crockford_pattern_accepts(text: str) -> None:
+    assert is_ulid(text) == bool(re.fullmatch(r"[0-7][0-9A-HJKMNP-TV-Z]{25}", text))
+
+
+def test_new_capsule_directories_have_the_layout_the_workload_writes_into(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    root = create_capsule_directories("runs//here/", run_id=new_ulid())
+    assert root == str((tmp_path / "runs" / "here" / Path(root).name).resolve())
+    assert sorted(str(path.relative_to(root)) for path in Path(root).rglob("*")) == [
+        "calls", "internal", "internal/health", "outputs",
+    ]
+
+
+def test_a_new_file_is_never_written_over_an_existing_name_or_through_a_link(tmp_path: Path) -> None:
+    target = tmp_path / "url_registry.json"
+    write_new_file(target, b"{}")
+    assert target.read_bytes() == b"{}"
+    with pytest.raises(FileExistsError):
+        write_new_file(target, b"[]")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "link")
+    with pytest.raises(FileExistsError):
+        write_new_file(tmp_path / "link", b"[]")
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_the_manifest_is_renamed_in_only_after_the_files_it_names_are_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    others = [tmp_path / name for name in ("model-calls.jsonl", "capture-health.json", "env.lock")]
+    for path in others:
+        path.write_text("{}")
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(source: str, target: str) -> None:
+        events.append(("replace", str(target)))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    write_json_last(tmp_path / "capsule.json", {"status": "success"}, after=others)
+    renamed = events.index(("replace", str(tmp_path / "capsule.json")))
+    synced_before = {path for kind, path in events[:renamed] if kind == "fsync"}
+    assert {str(path) for path in others} | {str(tmp_path)} <= synced_before
+    assert any(path.startswith(str(tmp_path / ".capsule.json.")) for path in synced_before)  # the new manifest itself
+    assert events[renamed + 1 :] == [("fsync", str(tmp_path))]  # the rename, made durable
+    assert json.loads((tmp_path / "capsule.json").read_text()) == {"status": "success"}
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["capsule.json", "capture-health.json", "env.lock", "model-calls.jsonl"]

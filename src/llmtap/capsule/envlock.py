@@ -17,8 +17,11 @@ from __future__ import annotations
 import os
 import re
 import sys
-from pathlib import Path
-from typing import Any, Iterable, Mapping
+
+TYPE_CHECKING = False  # `typing` is not imported at run time (`llmtap run` loads this while its command runs)
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Any
 
 __all__ = [
     "ENV_LOCK_SCHEMA_VERSION",
@@ -73,10 +76,10 @@ def _normalize_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _read_metadata_version(path: Path) -> tuple[str | None, str | None]:
+def _read_metadata_version(path: str) -> tuple[str | None, str | None]:
     for candidate in ("METADATA", "PKG-INFO"):
         try:
-            with open(path / candidate, encoding="utf-8", errors="replace") as handle:
+            with open(os.path.join(path, candidate), encoding="utf-8", errors="replace") as handle:
                 name = version = None
                 for line in handle:
                     if not line.strip():
@@ -106,7 +109,7 @@ def scan_packages(path_entries: Iterable[str]) -> list[dict[str, str | None]]:
             name, _, version_text = stem.partition("-")
             version: str | None = version_text or None
             if version is None or "-" in version:  # no plain version in the file name: read the metadata
-                read_name, read_version = _read_metadata_version(Path(entry) / filename)
+                read_name, read_version = _read_metadata_version(os.path.join(entry, filename))
                 name, version = read_name or name, read_version or version
             key = _normalize_name(name)
             if key and key not in found:

@@ -7,17 +7,21 @@ says honestly that it never finished. Also: finding and listing capsules for `ll
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
+import time
 from pathlib import Path
-from typing import Any, Sequence
 
 from .. import __version__
 from ..errors import LlmtapError
 from .semconv import SEMCONV_NAME, SEMCONV_VERSION
-from .ulid import ULID_PATTERN
+from .ulid import is_ulid
 from .writer import CapsulePaths, read_regular_file, write_json_atomic
+
+TYPE_CHECKING = False  # `typing` is not imported at run time (`llmtap run` loads this while its command runs)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
 
 __all__ = [
     "MANIFEST_SCHEMA_VERSION",
@@ -40,8 +44,18 @@ class CapsuleError(LlmtapError):
 
 
 def iso_time(seconds: float) -> str:
-    """UTC ISO-8601 with a Z, the form every capsule time uses."""
-    return dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    """UTC ISO-8601 with a Z, the form every capsule time uses: microseconds only when there are any.
+
+    The same text as `datetime.fromtimestamp(seconds, timezone.utc).isoformat()` with `Z` for
+    `+00:00` (microseconds rounded half to even), without importing `datetime`.
+    """
+    whole = seconds // 1
+    micros = round((seconds - whole) * 1e6)
+    if micros >= 1_000_000:
+        whole, micros = whole + 1, micros - 1_000_000
+    t = time.gmtime(int(whole))
+    text = f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}"
+    return f"{text}.{micros:06d}Z" if micros else f"{text}Z"
 
 
 def start_manifest(
@@ -99,7 +113,7 @@ def list_capsules(runs_dir: Path) -> list[tuple[Path, dict[str, Any] | None]]:
     result: list[tuple[Path, dict[str, Any] | None]] = []
     for name in names:
         directory = runs_dir / name
-        if not ULID_PATTERN.fullmatch(name) or not directory.is_dir():
+        if not is_ulid(name) or not directory.is_dir():
             continue
         try:
             result.append((directory, read_manifest(directory)))

@@ -18,23 +18,29 @@ special files.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import time
-from pathlib import Path
-from typing import Any
 
 from .ulid import new_ulid
+
+TYPE_CHECKING = False  # `llmtap run` creates capsules before its command starts: no typing, pathlib or json then
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from pathlib import Path
+    from typing import Any
 
 __all__ = [
     "CapsulePaths",
     "create_capsule",
+    "create_capsule_directories",
     "default_runs_dir",
     "read_regular_file",
     "sync_files",
     "write_file_atomic",
     "write_json_atomic",
+    "write_json_last",
+    "write_new_file",
 ]
 
 RUNS_DIR_ENV = "LLMTAP_RUNS_DIR"
@@ -125,16 +131,43 @@ class CapsulePaths:
 
 def default_runs_dir() -> Path:
     """`$LLMTAP_RUNS_DIR`, else `.llmtap/runs` under the current directory."""
+    from pathlib import Path
+
+    return Path(_default_runs_dir())
+
+
+def _default_runs_dir() -> str:
     configured = os.environ.get(RUNS_DIR_ENV)
-    return Path(configured).expanduser() if configured else Path(".llmtap") / "runs"
+    return os.path.expanduser(configured) if configured else os.path.join(".llmtap", "runs")
 
 
-def write_file_atomic(path: Path, data: bytes, *, sync: bool = True) -> None:
+def write_file_atomic(path: str | os.PathLike[str], data: bytes, *, sync: bool = True) -> None:
     """Replace `path` with `data`: written to a fresh temp file (never through a link), then renamed.
 
     `sync=False` skips the fsync, for files a later synced write makes durable (`sync_files`).
     """
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    os.replace(_write_temporary(path, data, sync=sync), path)
+
+
+def write_new_file(path: str | os.PathLike[str], data: bytes) -> None:
+    """Create `path` (which must not exist yet, nor be a link) holding `data`; no fsync.
+
+    For a capsule that was just created, where nothing else writes yet: as safe as the atomic
+    replace, one rename cheaper.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def _write_temporary(path: str | os.PathLike[str], data: bytes, *, sync: bool) -> str:
+    """Write `data` to a new temp file next to `path` and return its name."""
+    directory, name = os.path.split(os.fspath(path))
+    temporary = os.path.join(directory, f".{name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         view = memoryview(data)
@@ -144,36 +177,85 @@ def write_file_atomic(path: Path, data: bytes, *, sync: bool = True) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(temporary, path)
+    return temporary
 
 
-def write_json_atomic(path: Path, data: Any, *, sync: bool = True) -> None:
+def _json_bytes(data: Any) -> bytes:
+    import json
+
+    return (json.dumps(data, indent=2, sort_keys=False, default=str) + "\n").encode("utf-8")
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any, *, sync: bool = True) -> None:
     """Write `data` as indented JSON, atomically."""
-    encoded = (json.dumps(data, indent=2, sort_keys=False, default=str) + "\n").encode("utf-8")
-    write_file_atomic(path, encoded, sync=sync)
+    write_file_atomic(path, _json_bytes(data), sync=sync)
 
 
-def sync_files(paths: list[Path]) -> None:
-    """fsync several files at once (concurrently: the filesystem commits them together), then their directories."""
-    import threading
+def write_json_last(path: str | os.PathLike[str], data: Any, *, after: Sequence[str | os.PathLike[str]]) -> None:
+    """Replace `path` with `data` as JSON, durably, once the files in `after` and their names are durable.
 
-    def sync_one(path: Path) -> None:
+    A capsule's commit point: its manifest must never say a run is done before the files it names
+    are on disk. One pass of syncs: the new manifest goes to a temp file, it and every file in
+    `after` are synced together (`sync_files`), then the temp file is renamed over `path` and the
+    directory synced, so the rename itself survives a crash.
+    """
+    temporary = _write_temporary(path, _json_bytes(data), sync=False)
+    try:
+        sync_files([*after, temporary])
+        os.replace(temporary, path)
+    except BaseException:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            os.unlink(temporary)
         except OSError:
-            return
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            pass
+        raise
+    _sync_directory(os.path.dirname(os.fspath(path)))
 
-    threads = [threading.Thread(target=sync_one, args=(path,)) for path in paths]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    for directory in {path.parent for path in paths}:
-        sync_one(directory)
+
+def sync_files(paths: Sequence[str | os.PathLike[str]]) -> None:
+    """fsync several files, then their directories (missing files are skipped).
+
+    Writeback of every file is started before the first fsync, so on a journalling filesystem
+    one commit tends to carry them all and the later fsyncs find little left to do: as quick as
+    syncing them on threads, without the threads.
+    """
+    fds: list[int] = []
+    try:
+        for path in paths:
+            try:
+                fds.append(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+            except OSError:
+                continue
+        for fd in fds:
+            _start_writeback(fd)
+        for fd in fds:
+            os.fsync(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    for directory in dict.fromkeys(os.path.dirname(os.fspath(path)) for path in paths):
+        _sync_directory(directory)
+
+
+def _start_writeback(fd: int) -> None:
+    """Ask the kernel to start writing `fd`'s dirty pages now (Linux does for POSIX_FADV_DONTNEED); a hint only."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is not None:
+        try:
+            advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+
+
+def _sync_directory(directory: str) -> None:
+    try:
+        fd = os.open(directory or ".", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_regular_file(path: Path) -> bytes:
@@ -190,14 +272,30 @@ def read_regular_file(path: Path) -> bytes:
         os.close(fd)
 
 
-def create_capsule(runs_dir: Path | None = None, *, run_id: str | None = None, with_outputs: bool = True) -> CapsulePaths:
+def create_capsule(
+    runs_dir: str | os.PathLike[str] | None = None, *, run_id: str | None = None, with_outputs: bool = True
+) -> CapsulePaths:
     """Create an empty capsule directory named by a new ULID (or `run_id`) and return its paths."""
-    base = (runs_dir or default_runs_dir()).expanduser().resolve()
-    base.mkdir(parents=True, exist_ok=True)
-    paths = CapsulePaths(base / (run_id or new_ulid()))
-    paths.root.mkdir()
-    paths.calls.mkdir()
-    paths.process_health.mkdir(parents=True)
+    from pathlib import Path
+
+    return CapsulePaths(Path(create_capsule_directories(runs_dir, run_id=run_id, with_outputs=with_outputs)))
+
+
+def create_capsule_directories(
+    runs_dir: str | os.PathLike[str] | None = None, *, run_id: str | None = None, with_outputs: bool = True
+) -> str:
+    """Create an empty capsule's directories and return its root, absolute and resolved, as a string.
+
+    What `create_capsule` does, without building paths objects: `llmtap run` calls it before its
+    command starts, when every import counts.
+    """
+    base = os.path.realpath(os.path.expanduser(os.fspath(runs_dir) if runs_dir else _default_runs_dir()))
+    os.makedirs(base, exist_ok=True)
+    root = os.path.join(base, run_id or new_ulid())
+    os.mkdir(root)
+    os.mkdir(os.path.join(root, "calls"))
+    os.mkdir(os.path.join(root, "internal"))
+    os.mkdir(os.path.join(root, "internal", "health"))
     if with_outputs:
-        paths.outputs.mkdir()
-    return paths
+        os.mkdir(os.path.join(root, "outputs"))
+    return root

@@ -2,15 +2,14 @@
 
 `llmtap run` puts this directory first on PYTHONPATH, so Python imports this module at start-up
 in the workload, its subprocesses and its multiprocessing workers. It must cost next to nothing:
-it imports nothing beyond `sys` and `os` (already loaded), notes the interpreter for `env.lock`
-(first process only), and puts a tiny finder on `sys.meta_path`. Only when the workload imports
-an HTTP library llmtap hooks does it load llmtap itself and start capturing.
+it imports nothing beyond `sys` and `os` (already loaded; not even `__future__`, so annotations
+naming types are strings), notes the interpreter for `env.lock` (first process only), and puts a
+tiny finder on `sys.meta_path`. Only when the workload imports an HTTP library llmtap hooks does
+it load llmtap itself and start capturing.
 
-Then it runs the `sitecustomize` that this one shadows, if there is one further down the path,
+Then it imports the `sitecustomize` that this one shadows, if there is one further down the path,
 so a workload's own start-up customisation still happens.
 """
-
-from __future__ import annotations
 
 import os
 import sys
@@ -47,7 +46,7 @@ def _note_interpreter(capsule: str) -> None:
         os.close(fd)
 
 
-def _load_bootstrap() -> ModuleType:
+def _load_bootstrap() -> "ModuleType":
     try:
         from llmtap.hooks import bootstrap
     except ImportError:
@@ -67,7 +66,9 @@ class _FirstHttpImport:
         self.capsule = capsule
         self.fired = False
 
-    def find_spec(self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None) -> ModuleSpec | None:
+    def find_spec(
+        self, name: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
+    ) -> "ModuleSpec | None":
         if self.fired or name not in _WATCHED:
             return None
         self.fired = True
@@ -82,19 +83,24 @@ class _FirstHttpImport:
 
 
 def _run_shadowed_sitecustomize() -> None:
-    """Execute the next `sitecustomize` on sys.path after this directory, as `sitecustomize`."""
-    from importlib.machinery import PathFinder
+    """Import the next `sitecustomize` on sys.path after this directory, as `sitecustomize`.
 
-    entries = [entry for entry in sys.path if os.path.abspath(entry or ".") != _HERE]
-    spec = PathFinder.find_spec("sitecustomize", entries)
-    if spec is None or spec.loader is None or spec.origin == __file__:
-        return
-    module = type(sys)("sitecustomize")
-    module.__file__ = spec.origin
-    module.__spec__ = spec
-    module.__loader__ = spec.loader
-    sys.modules["sitecustomize"] = module
-    spec.loader.exec_module(module)
+    An ordinary import with this directory (under any spelling) off the path finds it; it then
+    stands in `sys.modules` where `site` looks for it, as if this one had never been there.
+    """
+    ours = sys.modules.pop("sitecustomize", None)
+    path = sys.path
+    sys.path = [entry for entry in path if os.path.abspath(entry or ".") != _HERE]
+    try:
+        __import__("sitecustomize")  # the workload's own, run for its effects
+    except ImportError as exc:
+        if exc.name != "sitecustomize":
+            raise  # the workload's sitecustomize failed: `site` reports it, as without llmtap
+        if ours is not None:
+            sys.modules["sitecustomize"] = ours  # there is none further down
+    finally:
+        path[:] = sys.path  # the same list object, with whatever the workload's sitecustomize did to it
+        sys.path = path
 
 
 def _main() -> None:
