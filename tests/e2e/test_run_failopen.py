@@ -22,7 +22,7 @@ if os.environ.get("LLMTAP_RUN_CAPSULE"):
     def refuse(call):
         raise RuntimeError("forced failure of every record")
 
-    active_session().line_builder = refuse  # the hook now fails on every record
+    active_session().frame_builder = refuse  # the hook now fails to hand over every call
 
 BASE = os.environ["REPLAY_BASE"]
 with openai.OpenAI(base_url=BASE + "/v1", api_key="unused", max_retries=0) as client:

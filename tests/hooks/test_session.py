@@ -1,9 +1,10 @@
-"""The active capture: binding at open, drops counted, fail-open, durability, rollouts, fork."""
+"""The active capture: binding at open, drops counted, fail-open, durability, rollouts, fork, spooling."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,11 @@ import httpx
 import pytest
 
 import llmtap.capture as capture_api
+from llmtap.capsule.spool import KIND_CALL, KIND_HEALTH, KIND_PROCESS, Frame, SpoolWriter, scan_frames
+from llmtap.hooks.install import acquire_hooks, release_hooks
 from llmtap.hooks.registry import load_registry, vendored_registry_path
-from llmtap.hooks.session import CaptureSession, CapturedCall, reset_session, use_session
+from llmtap.hooks.session import CapturedCall, CaptureSession, reset_session, use_session
+from llmtap.hooks.writer import decode_call
 from tests.fixtures import fixture
 from tests.hooks.conftest import recorded_lines
 
@@ -125,3 +129,98 @@ def test_a_forked_child_records_durably_even_when_it_ends_with_os_exit(capture_s
     lines = recorded_lines(capture_session)
     assert [line["capture"]["pid"] for line in lines] == [pid]
     assert capture_session.health.snapshot().get("records_written", 0) == 0  # the child counts its own
+
+
+# --- spooling (what `llmtap run` uses) -----------------------------------------------------------
+
+
+@pytest.fixture
+def spooling_session(tmp_path: Path) -> Iterator[CaptureSession]:
+    """A capture that hands each call to a spool file under tmp_path/spool, hooks installed."""
+    session = CaptureSession(tmp_path / "calls", registry=load_registry(vendored_registry_path()), spool=SpoolWriter(tmp_path / "spool"))
+    token = use_session(session)
+    acquire_hooks()
+    try:
+        yield session
+    finally:
+        reset_session(token)
+        release_hooks()
+        session.close()
+
+
+def _spooled(tmp_path: Path) -> dict[int, list[Frame]]:
+    """Every frame written under tmp_path/spool, by the pid in its file's name."""
+    return {
+        int(path.name.split("-")[0]): scan_frames(path.read_bytes(), final=True).frames
+        for path in sorted((tmp_path / "spool").glob("*.spool"))
+    }
+
+
+def test_a_spooling_capture_writes_each_call_to_its_spool_file_before_the_call_returns(
+    spooling_session: CaptureSession, replay_upstream: Any, tmp_path: Path
+) -> None:
+    url = replay_upstream.base_url + "/v1/chat/completions"
+    with httpx.Client() as client:
+        answer = client.post(url, json=JSON_FIXTURE.request_json, headers={"authorization": "Bearer sk-never-on-disk"})
+        spooled = _spooled(tmp_path)  # no flush, no close: the frame is there already
+    calls = [frame for frame in spooled[os.getpid()] if frame.kind == KIND_CALL]
+    assert len(calls) == 1 and calls[0].response == answer.content == JSON_FIXTURE.body_bytes
+    exchange, _ = decode_call(calls[0])
+    assert exchange.status_code == 200 and exchange.path == "/v1/chat/completions"
+    assert "authorization" not in exchange.request_headers and exchange.request_headers["content-type"] == "application/json"
+    assert not (tmp_path / "calls").exists()  # the recorder writes the store, not the workload
+    assert b"sk-never-on-disk" not in b"".join(path.read_bytes() for path in (tmp_path / "spool").iterdir())
+
+
+def test_a_spooling_capture_reports_each_lost_call_in_its_spool_file(
+    spooling_session: CaptureSession, replay_upstream: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(call: CapturedCall) -> Any:
+        raise ValueError("secret prompt text must never be logged")
+
+    spooling_session.frame_builder = broken
+    url = replay_upstream.base_url + "/v1/chat/completions"
+    with httpx.Client() as client:
+        results = [client.post(url, json=JSON_FIXTURE.request_json).content for _ in range(2)]
+    assert results == [JSON_FIXTURE.body_bytes] * 2
+    frames = _spooled(tmp_path)[os.getpid()]
+    assert [frame.kind for frame in frames if frame.kind != KIND_PROCESS] == [KIND_HEALTH, KIND_HEALTH]
+    assert all(frame.meta["counts"] == {"record_build_failed": 1, "calls_captured": 1} for frame in frames if frame.kind == KIND_HEALTH)
+    assert "record_build_failed" in caplog.text and "secret prompt" not in caplog.text
+
+
+def test_a_stream_outliving_its_spooling_capture_is_reported_open_then_dropped(
+    spooling_session: CaptureSession, replay_upstream: Any, tmp_path: Path
+) -> None:
+    url = replay_upstream.base_url + "/v1/chat/completions"
+    with httpx.Client() as client:
+        response = client.send(client.build_request("POST", url, json=STREAM_FIXTURE.request_json), stream=True)
+        spooling_session.close()
+        body = response.read()
+    assert body == STREAM_FIXTURE.body_bytes
+    counts = [frame.meta["counts"] for frame in _spooled(tmp_path)[os.getpid()] if frame.kind == KIND_HEALTH]
+    assert counts == [{"calls_open_at_close": 1, "calls_captured": 1}, {"stream_record_dropped": 1}]
+    assert not any(frame.kind == KIND_CALL for frame in _spooled(tmp_path)[os.getpid()])
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_spooling_child_keeps_its_call_in_a_file_of_its_own_even_after_os_exit(
+    spooling_session: CaptureSession, replay_upstream: Any, tmp_path: Path
+) -> None:
+    url = replay_upstream.base_url + "/v1/chat/completions"
+    with httpx.Client() as client:
+        client.post(url, json=JSON_FIXTURE.request_json)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            with httpx.Client() as client:
+                code = 0 if client.post(url, json=JSON_FIXTURE.request_json).status_code == 200 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    spooled = _spooled(tmp_path)
+    assert {owner: sum(frame.kind == KIND_CALL for frame in frames) for owner, frames in spooled.items()} == {os.getpid(): 1, pid: 1}
+    (child_call,) = [frame for frame in spooled[pid] if frame.kind == KIND_CALL]
+    assert child_call.meta["extra"]["capture"]["pid"] == pid

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 from .envlock import env_lock, parse_interpreter_lines
 from .health import sum_process_health
 from .manifest import iso_time
-from .writer import CapsulePaths, read_regular_file, sync_files, write_file_atomic, write_json_atomic
+from .writer import CapsulePaths, read_regular_file, write_file_atomic, write_json_atomic, write_json_last
 
 __all__ = ["CaptureOutcome", "finalise_capsule"]
 
@@ -186,6 +186,9 @@ def finalise_capsule(
     `internal/interpreter`, or none); `environ` is the environment it ran with.
     """
     tampered = _remove_special_entries(paths)
+    from .spool import drain_spool
+
+    drain_spool(paths)  # the records of the calls the workload's processes spooled (llmtap run)
     if _has_calls(paths):
         model_lines, calls = _project_calls(paths)
     else:
@@ -201,7 +204,6 @@ def finalise_capsule(
         env_lock(interpreter, environ if environ is not None else os.environ, source=source, injected_paths=injected_paths),
         sync=False,
     )
-    sync_files([paths.model_calls, paths.capture_health, paths.env_lock])  # durable before the manifest says done
     metrics = calls.get("metrics") or {}
     manifest.update(
         {
@@ -231,5 +233,6 @@ def finalise_capsule(
     )
     if tampered:
         manifest["capture_tampered"] = tampered
-    write_json_atomic(paths.manifest, manifest)
+    # The other files durable first, then the manifest that says the run is done: one pass of syncs.
+    write_json_last(paths.manifest, manifest, after=[paths.model_calls, paths.capture_health, paths.env_lock])
     return manifest

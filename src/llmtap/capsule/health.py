@@ -1,10 +1,12 @@
 """Capture health across processes: each process writes its counts, finalisation sums them.
 
 Every Python process of a captured workload keeps its own counters (records written, records
-dropped and why). It writes them to `health/<pid>-<random>.json` in the capsule each time a failure
-is counted and when its capture closes, by atomic replace, so a process killed later still leaves
-its last counts. Finalisation sums every file into `capture-health.json`. The numbers come from
-the workload's own processes, so the summary says so (`source: workload-processes`).
+dropped and why). Under `llmtap.capture()` it writes them to `health/<pid>-<random>.json` in the
+capsule each time a failure is counted and when its capture closes, by atomic replace, so a
+process killed later still leaves its last counts. Under `llmtap run` a process reports its counts
+in its spool file instead, and the recorder writes one file per spool file
+(`health/spool-<pid>-<random>.json`) once it has turned the frames into records. Finalisation sums
+every file into `capture-health.json`.
 """
 
 from __future__ import annotations
@@ -13,21 +15,29 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
-from typing import Any, Mapping
 
 from .writer import read_regular_file
+
+TYPE_CHECKING = False  # `typing` and `pathlib` are not needed at run time: `llmtap run` finalises with this
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
+    from typing import Any
 
 __all__ = ["HEALTH_DIR", "sum_process_health", "write_process_health"]
 
 HEALTH_DIR = "health"
 
 
-def write_process_health(path: Path, counts: Mapping[str, Any]) -> None:
-    """Replace `path` with this process's counts (write to a temp name, then rename)."""
+def write_process_health(path: Path, counts: Mapping[str, Any], *, pid: int | None = None, argv0: str | None = None) -> None:
+    """Replace `path` with a process's counts (write to a temp name, then rename).
+
+    The process is this one unless `pid` says otherwise (the `llmtap run` recorder writes the
+    counts it read from each workload process's spool file).
+    """
     payload = {
-        "pid": os.getpid(),
-        "argv0": sys.argv[0] if sys.argv else None,
+        "pid": os.getpid() if pid is None else pid,
+        "argv0": (sys.argv[0] if sys.argv else None) if pid is None else argv0,
         "updated_at": time.time(),
         "counts": dict(counts),
     }

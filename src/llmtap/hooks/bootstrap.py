@@ -6,10 +6,11 @@ the registry the recorder compiled (`url_registry.json`), and the hooks are inst
 library is imported. `spec_notifying` finds the library being imported right now and makes sure
 its hook goes in as soon as it has executed.
 
-Durability: the workload's main process (the direct child of `llmtap run`) queues records and
-writes them at once in the background, flushing at exit; any other process (subprocesses,
-multiprocessing workers, forked children) makes each record durable before the call returns,
-because such processes often end without running exit handlers.
+Every process (the workload, its subprocesses, multiprocessing workers, forked children) hands
+each finished call to the recorder as a frame in its own spool file under the capsule's
+`internal/spool/`, written before the call returns; the `llmtap run` parent builds the records.
+No record is built here, and a process that ends without running exit handlers (`os._exit`, a
+SIGTERM from `Pool.terminate()`, SIGKILL) still leaves every call that had finished.
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..capsule.spool import SpoolWriter, spool_directory
 from .install import acquire_hooks, hook_module
 from .postimport import PostImportFinder
 from .registry import load_registry, registry_from_data
-from .session import CaptureSession, process_health_name, set_process_session
+from .session import CaptureSession, set_process_session
 
 __all__ = ["CAPSULE_ENV", "LIBPATH_ENV", "RECORDER_PID_ENV", "spec_notifying", "start"]
 
 CAPSULE_ENV = "LLMTAP_RUN_CAPSULE"
-RECORDER_PID_ENV = "LLMTAP_RUN_RECORDER_PID"
+RECORDER_PID_ENV = "LLMTAP_RUN_RECORDER_PID"  # the pid of the `llmtap run` recorder
 LIBPATH_ENV = "LLMTAP_RUN_LIBPATH"
 
 _session: CaptureSession | None = None
@@ -49,14 +51,7 @@ def start(capsule: str | os.PathLike[str]) -> CaptureSession:
     if _session is not None:
         return _session
     root = Path(capsule)
-    recorder = os.environ.get(RECORDER_PID_ENV, "")
-    main_process = recorder.isdigit() and os.getppid() == int(recorder)
-    _session = CaptureSession(
-        root / "calls",
-        registry=_registry(root),
-        durability="background" if main_process else "call",
-        health_path=root / "internal" / "health" / process_health_name(),
-    )
+    _session = CaptureSession(root / "calls", registry=_registry(root), spool=SpoolWriter(spool_directory(root)))
     set_process_session(_session)
     acquire_hooks()
     return _session

@@ -7,12 +7,18 @@ stream may end much later, in another task, after that capture has closed: its r
 dropped and counted against the capture that lost it, never filed into whichever capture happens
 to be running.
 
-Records are built (JSON parsing, stream reassembly) off the caller's path. Two durability modes:
+Where a finished call goes:
 
-- `background` (the workload's main process): the hook hands the finished call to writer threads
-  and returns at once; the capture's close (and process exit) waits for every record to be durable.
-- `call` (forked children and worker processes, which often end in `os._exit` or a SIGTERM from
-  `Pool.terminate()` and run no exit handler): the record is durable before the call returns.
+- Under `llmtap run` (a session with a `spool`): the call is written as one frame to this
+  process's spool file before the call returns (one `writev`, no thread, no lock, no fsync), and
+  the recorder process builds its record. Nothing is parsed here, and a process that ends by
+  `os._exit`, SIGTERM or SIGKILL keeps every call that had finished (the page cache holds them).
+  Counts of what went wrong here are reported in the same file.
+- Under `llmtap.capture()`, records are built (JSON parsing, stream reassembly) off the caller's
+  path, in one of two durability modes. `background`: the hook hands the finished call to a
+  writer thread and returns at once; the capture's close (and process exit) waits for every
+  record to be durable. `call` (forked children, which often end in `os._exit`): the record is
+  durable before the call returns.
 
 Nothing here ever raises into the workload: failures are counted in the capture's health and
 logged once (event, hook, exception type; never a message, which could quote a prompt).
@@ -28,10 +34,11 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 
+from ..capsule.spool import KIND_HEALTH, SpoolWriter, encode_frame, encode_meta
 from ..exchange import Exchange, safe_headers
 from ..health import CaptureHealth
 from .registry import EndpointMatch, UrlRegistry
-from .writer import WARM_UP_WAIT, RecordWriter, register_exit_flush, warm_up, writing_module, writing_ready
+from .writer import WARM_UP_WAIT, RecordWriter, encode_call, register_exit_flush, warm_up, writing_module, writing_ready
 
 if TYPE_CHECKING:
     from ..store import CaptureStore
@@ -110,9 +117,9 @@ def _rollout_from_path(path: str) -> str | None:
 class CapturedCall:
     """One model call in flight: its Exchange, the capture it belongs to, and how it ended."""
 
-    # Headers are kept as the library gave them (a snapshot) and sanitized by `prepare_record`
-    # on the writer's thread: dropping credential headers costs tens of microseconds a call,
-    # and they never reach a record or a file either way.
+    # Headers are kept as the library gave them (a snapshot) and sanitized when the call is
+    # handed over: by `prepare_record` on the writer's thread, or while building the spool frame
+    # (which drops credential headers, cached per header name, before anything is written).
     __slots__ = (
         "session", "exchange", "match", "hook", "hook_state", "request_headers", "response_headers",
         "body_decoded", "_done", "__weakref__",
@@ -177,10 +184,11 @@ class CapturedCall:
 
     def _abandon(self, exc: BaseException) -> None:
         """Stop recording this call after a failure inside the hook: counted, never raised."""
-        if not self._done:
+        lost = not self._done
+        if lost:
             self._done = True
             self.session._call_ended()
-        self.session.failure("hook_failed", self.hook, exc)
+        self.session.failure("hook_failed", self.hook, exc, call_lost=lost)
 
     def _end(self, how: str, exc: BaseException | None) -> bool:
         if self._done:
@@ -267,7 +275,7 @@ def open_call(
         )
         exchange.extra["operation"] = match.operation
         exchange.extra["server"] = {"address": host, "port": port}
-        exchange.extra["capture"] = {"point": "in-process", "hook": hook, "pid": os.getpid()}
+        exchange.extra["capture"] = {"point": "in-process", "hook": hook, "pid": _PID}
         if body is None:
             exchange.extra["capture"]["request_body"] = "unavailable"
         call = CapturedCall(session, exchange, match, hook, _snapshot(headers))
@@ -282,8 +290,10 @@ class CaptureSession:
     """One capture: where its records go, its registry, its health, and whether it is still open.
 
     `store_root` is the directory of `<rollout_id>.capture.jsonl` files (a capsule's `calls/`).
-    `health_path`, when given, receives this process's health counts as JSON whenever a failure
-    is counted and when the capture closes, so a parent process can sum them.
+    With a `spool` (`llmtap run`), finished calls and health counts go to the spool file instead,
+    and the recorder writes the store. Else `health_path`, when given, receives this process's
+    health counts as JSON whenever a failure is counted and when the capture closes, so a parent
+    process can sum them.
     """
 
     def __init__(
@@ -296,6 +306,7 @@ class CaptureSession:
         health_path: str | os.PathLike[str] | None = None,
         linger: float = 0.02,
         close_timeout: float = 30.0,
+        spool: SpoolWriter | None = None,
     ) -> None:
         self.store_root = Path(store_root)
         self._store: CaptureStore | None = None
@@ -307,7 +318,9 @@ class CaptureSession:
         self.health_path = Path(health_path) if health_path is not None else None
         self.close_timeout = close_timeout
         self.closed = False
+        self.spool = spool
         self.line_builder: Callable[[CapturedCall], Mapping[str, Any]] = _build_line
+        self.frame_builder: Callable[[CapturedCall], list[bytes]] = _build_frame
         self._open_calls = 0
         self._counts_lock = threading.Lock()
         self._writer = RecordWriter(self, linger)
@@ -328,17 +341,35 @@ class CaptureSession:
     def _call_opened(self) -> None:
         with self._counts_lock:
             self._open_calls += 1
-        self.health.count("calls_captured")
-        warm_up()
+        if self.spool is None:
+            self.health.count("calls_captured")
+            warm_up()
+        # A spooling process builds no record and counts no call here: the recorder counts each
+        # call from its frame, and `failure`/`close` report the calls that leave none.
 
     def _call_ended(self) -> None:
         with self._counts_lock:
             self._open_calls -= 1
 
-    def failure(self, event: str, where: str, exc: BaseException | None = None) -> None:
-        """Count a capture failure, warn once, and persist this process's counts."""
+    def failure(self, event: str, where: str, exc: BaseException | None = None, *, call_lost: bool = False) -> None:
+        """Count a capture failure, warn once, and persist this process's counts.
+
+        `call_lost`: the failure ends a call that will leave no frame, so a spooling process
+        reports the call itself too (the recorder counts the others from their frames).
+        """
         self.health.failure(event, where, exc)
-        self._persist_health()
+        if self.spool is not None:
+            self._report({event: 1, "calls_captured": 1} if call_lost else {event: 1})
+        else:
+            self._persist_health()
+
+    def _report(self, counts: Mapping[str, int]) -> None:
+        """Append count deltas to the spool file, for the recorder to add up; best effort."""
+        assert self.spool is not None
+        try:
+            self.spool.write(encode_frame(KIND_HEALTH, encode_meta({"counts": counts})))
+        except Exception:  # the counts stay in memory; nothing else to do without raising
+            pass
 
     def _persist_health(self) -> None:
         if self.health_path is None:
@@ -351,9 +382,12 @@ class CaptureSession:
     # --- records -----------------------------------------------------------------------------
 
     def submit(self, call: CapturedCall) -> None:
-        """Hand a finished call over: written now (`call` durability) or queued (`background`)."""
+        """Hand a finished call over: spooled or written now, or queued (`background`)."""
         if self.closed:
             self.failure("stream_record_dropped", call.hook)
+            return
+        if self.spool is not None:
+            self._spool_call(call)
             return
         writing_ready.wait(WARM_UP_WAIT)  # at most once per process: see _warm_up
         if self.durability == "call":
@@ -364,6 +398,9 @@ class CaptureSession:
     async def submit_async(self, call: CapturedCall) -> None:
         if self.closed:
             self.failure("stream_record_dropped", call.hook)
+            return
+        if self.spool is not None:
+            self._spool_call(call)  # one write to the page cache: nothing to wait for
             return
         writing_ready.wait(WARM_UP_WAIT)  # at most once per process, for a few milliseconds
         if self.durability != "call":
@@ -383,7 +420,22 @@ class CaptureSession:
         if self.closed:
             self.failure("stream_record_dropped", call.hook)
             return
+        if self.spool is not None:
+            self._spool_call(call)  # no lock taken: safe from a garbage collector's callback
+            return
         self._writer.put(call)
+
+    def _spool_call(self, call: CapturedCall) -> None:
+        assert self.spool is not None
+        try:
+            parts = self.frame_builder(call)
+        except Exception as exc:
+            self.failure("record_build_failed", call.hook, exc, call_lost=True)
+            return
+        try:
+            self.spool.write(parts)
+        except Exception as exc:
+            self.failure("record_write_failed", call.hook, exc, call_lost=True)
 
     def _line_for(self, call: CapturedCall) -> Mapping[str, Any] | None:
         try:
@@ -425,14 +477,19 @@ class CaptureSession:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every finished call's record is durable; False if some are still pending."""
+        """Wait until every finished call's record is durable; False if some are still pending.
+
+        A spooling session has nothing pending: each call's frame is written before it returns.
+        """
+        if self.spool is not None:
+            return True
         return self._writer.drain(self.close_timeout if timeout is None else timeout) == 0
 
     def close(self) -> None:
         """Stop accepting records, write what is queued, and persist the final counts; idempotent."""
         if self.closed:
             return
-        pending = self._writer.drain(self.close_timeout)
+        pending = self._writer.drain(self.close_timeout) if self.spool is None else 0
         self.closed = True
         if pending:
             self.health.count("records_pending_at_close", pending)
@@ -440,16 +497,25 @@ class CaptureSession:
             still_open = self._open_calls
         if still_open > 0:
             self.health.count("calls_open_at_close", still_open)
-        if self.health.snapshot():  # a process that captured nothing leaves no file
+        if self.spool is not None:
+            if still_open > 0:  # calls that will leave no frame
+                self._report({"calls_open_at_close": still_open, "calls_captured": still_open})
+        elif self.health.snapshot():  # a process that captured nothing leaves no file
             self._persist_health()
 
     def after_fork(self) -> None:
-        """In a forked child: own no queued records, count from zero, and write each record durably."""
+        """In a forked child: own no queued records, count from zero, and write each record durably.
+
+        A spooling child writes to a spool file of its own.
+        """
         self._writer.after_fork()
         self._store_lock = threading.Lock()
         self.health = CaptureHealth()
         self._counts_lock = threading.Lock()
         self._open_calls = 0
+        if self.spool is not None:
+            self.spool.after_fork()
+            return
         self.durability = "call"
         if self.health_path is not None:
             self.health_path = self.health_path.with_name(process_health_name())
@@ -468,7 +534,22 @@ def _build_line(call: CapturedCall) -> Mapping[str, Any]:
     return line
 
 
+def _build_frame(call: CapturedCall) -> list[bytes]:
+    return encode_call(
+        call.exchange,
+        dialect=call.match.dialect,
+        request_headers=call.request_headers,
+        response_headers=call.response_headers,
+        body_decoded=call.body_decoded,
+    )
+
+
+_PID = os.getpid()  # a system call each time otherwise; a forked child sets its own
+
+
 def _after_fork_in_child() -> None:
+    global _PID
+    _PID = os.getpid()
     for session in list(_SESSIONS):
         session.after_fork()
 
