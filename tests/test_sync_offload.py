@@ -337,6 +337,38 @@ def test_closing_the_store_on_its_own_loop_writes_the_appends_of_the_current_tur
     assert len(store.read("r", strict=True).entries) == 10
 
 
+def test_a_store_dropped_without_closing_still_lets_its_helper_finish_and_exit(tmp_path: Path) -> None:
+    import gc
+
+    store = CaptureStore(tmp_path)
+    asyncio.run(append_many(store, ["r"], 3))
+    helper = store._offload._process
+    assert helper is not None
+    del store
+    gc.collect()
+    assert helper.returncode == 0  # reaped by the store's finalizer, no "still running" warning
+    assert len(CaptureStore(tmp_path, sync_process=False).read("r", strict=True).entries) == 3
+
+
+def test_a_forked_child_leaves_its_parents_helper_alone(store: CaptureStore) -> None:
+    asyncio.run(append_many(store, ["parent"], 1))
+    helper = store._offload._process
+    assert helper is not None
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            asyncio.run(store.append_async("child", make_record()))  # its own helper
+            code = 0 if store._offload._process is not helper else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert helper.poll() is None  # the parent's helper still serves the parent
+    asyncio.run(append_many(store, ["parent"], 1))
+    assert [len(store.read(r).entries) for r in ("parent", "child")] == [2, 1]
+
+
 def test_store_without_the_helper_never_starts_one(tmp_path: Path) -> None:
     with CaptureStore(tmp_path, sync_process=False) as store:
         asyncio.run(append_many(store, ["r"], 3))

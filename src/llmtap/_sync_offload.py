@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -33,6 +34,7 @@ logger = logging.getLogger("llmtap.store")
 
 T = TypeVar("T")
 _WORKER = str(Path(__file__).with_name("_sync_worker.py"))
+_HELPER_EXIT_SECONDS = 30.0
 
 # (token, status): 0 durable, an errno if the sync failed, None if the helper is gone before
 # answering (the line is written but not known durable: sync it another way).
@@ -52,13 +54,13 @@ class SyncOffload(Generic[T]):
         self._next_id = 0
         self._buffer = bytearray()
         self._process: subprocess.Popen[bytes] | None = None
-        self._requests_fd = -1
-        self._acks_fd = -1
+        self._pipe = [-1, -1]  # request and acknowledgement descriptors; the finalizer shares this list
         self._loop: asyncio.AbstractEventLoop | None = None
         self._usable = enabled and bool(sys.executable)
         self._closed = False
         self._outbox: list[bytes] = []  # requests not yet written to the helper
         self._flush_scheduled = False
+        self._finalizer: weakref.finalize[..., SyncOffload[T]] | None = None
 
     def submit(self, token: T, path: str, inode: tuple[int, int], new_file: bool) -> bool:
         """Ask the helper to sync `path` (which must still be `inode`); False to sync it another way.
@@ -149,7 +151,35 @@ class SyncOffload(Generic[T]):
         os.set_blocking(requests_write, False)
         os.set_blocking(acks_read, False)
         self._requests_fd, self._acks_fd = requests_write, acks_read
+        # Dropped without close() (its store garbage-collected): the helper still finishes and exits.
+        self._finalizer = weakref.finalize(self, _stop_helper, self._process, self._pipe)
         return True
+
+    @property
+    def _requests_fd(self) -> int:
+        return self._pipe[0]
+
+    @_requests_fd.setter
+    def _requests_fd(self, fd: int) -> None:
+        self._pipe[0] = fd
+
+    @property
+    def _acks_fd(self) -> int:
+        return self._pipe[1]
+
+    @_acks_fd.setter
+    def _acks_fd(self, fd: int) -> None:
+        self._pipe[1] = fd
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the helper and its pipes belong to the parent (the pipes are already
+        closed here); drop them without waiting or closing anything."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if self._process is not None:
+            self._process.returncode = 0  # not this process's child: nothing to reap or warn about
+        self._usable = False
+        self._closed = True
 
     def _give_up(self, why: str, exc: BaseException | None) -> None:
         was_usable, self._usable = self._usable, False
@@ -215,6 +245,8 @@ class SyncOffload(Generic[T]):
         self._closed = True
         if self._process is None:
             return
+        if self._finalizer is not None:
+            self._finalizer.detach()
         loop = self._loop
         if loop is not None and not loop.is_closed() and (not loop.is_running() or _runs_on(loop)):
             loop.remove_writer(self._requests_fd)  # close() sends the rest itself
@@ -239,6 +271,18 @@ class SyncOffload(Generic[T]):
         results = self._take_acks(until_exit=True)
         if results:
             self._on_synced(results)
+
+
+def _stop_helper(process: subprocess.Popen[bytes], pipe: list[int]) -> None:
+    """Close the helper's pipes still open so it finishes its last batch and exits, then reap it."""
+    for fd in pipe:
+        if fd >= 0:
+            DESCRIPTORS.close(fd)
+    try:
+        process.wait(timeout=_HELPER_EXIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _runs_on(loop: asyncio.AbstractEventLoop) -> bool:

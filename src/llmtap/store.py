@@ -203,6 +203,9 @@ class CaptureStore:
     def _reset_concurrency_state(self) -> None:
         """Start with no queues, threads or open files (at construction, and in a forked child,
         where the parent's descriptors are already closed and its threads do not exist)."""
+        previous = getattr(self, "_offload", None)
+        if previous is not None:  # a forked child: the parent's sync helper is not ours
+            previous.forget_after_fork()
         self._threads = CommitThreads()
         self._files = RolloutFileCache(lambda rollout_id: self._sibling(rollout_id, LOCK_SUFFIX))
         self._sync_fds = SyncDescriptors()
