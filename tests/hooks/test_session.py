@@ -13,12 +13,11 @@ import pytest
 
 import llmtap.capture as capture_api
 from llmtap.capsule.spool import KIND_CALL, KIND_HEALTH, KIND_PROCESS, Frame, SpoolWriter, scan_frames
-from llmtap.hooks.install import acquire_hooks, release_hooks
 from llmtap.hooks.registry import load_registry, vendored_registry_path
 from llmtap.hooks.session import CapturedCall, CaptureSession, reset_session, use_session
 from llmtap.hooks.writer import decode_call
 from tests.fixtures import fixture
-from tests.hooks.conftest import recorded_lines
+from tests.hooks.conftest import fork_and_post, recorded_lines, session_in_use
 
 JSON_FIXTURE = fixture("chat/text-basic-gpt4o")
 STREAM_FIXTURE = fixture("chat/text-stream-include-usage-gpt4")
@@ -116,16 +115,7 @@ def test_rollout_blocks_and_url_prefixes_choose_the_rollout_file(capture_session
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_records_durably_even_when_it_ends_with_os_exit(capture_session: CaptureSession, replay_upstream: Any) -> None:
     url = replay_upstream.base_url + "/v1/chat/completions"
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        code = 1
-        try:
-            with httpx.Client() as client:
-                code = 0 if client.post(url, json=JSON_FIXTURE.request_json).status_code == 200 else 2
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    pid = fork_and_post(url, JSON_FIXTURE.request_json)
     lines = recorded_lines(capture_session)
     assert [line["capture"]["pid"] for line in lines] == [pid]
     assert capture_session.health.snapshot().get("records_written", 0) == 0  # the child counts its own
@@ -137,15 +127,9 @@ def test_a_forked_child_records_durably_even_when_it_ends_with_os_exit(capture_s
 @pytest.fixture
 def spooling_session(tmp_path: Path) -> Iterator[CaptureSession]:
     """A capture that hands each call to a spool file under tmp_path/spool, hooks installed."""
-    session = CaptureSession(tmp_path / "calls", registry=load_registry(vendored_registry_path()), spool=SpoolWriter(tmp_path / "spool"))
-    token = use_session(session)
-    acquire_hooks()
-    try:
-        yield session
-    finally:
-        reset_session(token)
-        release_hooks()
-        session.close()
+    yield from session_in_use(
+        CaptureSession(tmp_path / "calls", registry=load_registry(vendored_registry_path()), spool=SpoolWriter(tmp_path / "spool"))
+    )
 
 
 def _spooled(tmp_path: Path) -> dict[int, list[Frame]]:
@@ -210,16 +194,7 @@ def test_a_forked_spooling_child_keeps_its_call_in_a_file_of_its_own_even_after_
     url = replay_upstream.base_url + "/v1/chat/completions"
     with httpx.Client() as client:
         client.post(url, json=JSON_FIXTURE.request_json)
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        code = 1
-        try:
-            with httpx.Client() as client:
-                code = 0 if client.post(url, json=JSON_FIXTURE.request_json).status_code == 200 else 2
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    pid = fork_and_post(url, JSON_FIXTURE.request_json)
     spooled = _spooled(tmp_path)
     assert {owner: sum(frame.kind == KIND_CALL for frame in frames) for owner, frames in spooled.items()} == {os.getpid(): 1, pid: 1}
     (child_call,) = [frame for frame in spooled[pid] if frame.kind == KIND_CALL]
