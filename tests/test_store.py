@@ -53,6 +53,21 @@ def fd_path(fd: int) -> str:
         return ""
 
 
+def hold_fdatasync(monkeypatch: pytest.MonkeyPatch, path_suffix: str = "") -> tuple[threading.Event, threading.Event]:
+    """Patch os.fdatasync so a sync of a file ending in `path_suffix` sets `entered` and waits for `release`."""
+    real = os.fdatasync
+    entered, release = threading.Event(), threading.Event()
+
+    def held(fd: int) -> None:
+        if fd_path(fd).endswith(path_suffix):
+            entered.set()
+            release.wait(WAIT)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", held)
+    return entered, release
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[CaptureStore]:
     with CaptureStore(tmp_path / "captures") as capture_store:
@@ -410,16 +425,7 @@ def test_concurrent_appends_share_fsyncs_and_each_is_durable_on_return(
 
 
 def test_slow_fsync_on_one_rollout_does_not_block_another(store: CaptureStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = os.fdatasync
-    entered, release = threading.Event(), threading.Event()
-
-    def slow_for_one_file(fd: int) -> None:
-        if fd_path(fd).endswith("slow.capture.jsonl"):
-            entered.set()
-            release.wait(WAIT)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", slow_for_one_file)
+    entered, release = hold_fdatasync(monkeypatch, "slow.capture.jsonl")
     slow_done = threading.Event()
 
     def slow_writer() -> None:
@@ -442,16 +448,7 @@ def test_slow_fsync_on_one_rollout_does_not_block_another(store: CaptureStore, m
 def test_async_appends_need_no_free_default_executor_thread(
     threaded_store: CaptureStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = os.fdatasync
-    entered, release = threading.Event(), threading.Event()
-
-    def slow_for_one_file(fd: int) -> None:
-        if fd_path(fd).endswith("slow.capture.jsonl"):
-            entered.set()
-            release.wait(WAIT)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", slow_for_one_file)
+    entered, release = hold_fdatasync(monkeypatch, "slow.capture.jsonl")
     executor_busy = threading.Event()
 
     async def main() -> None:
@@ -516,15 +513,7 @@ def test_append_async_from_many_tasks_writes_every_record(store: CaptureStore) -
 
 
 def test_cancelled_append_async_still_commits_its_record(threaded_store: CaptureStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = os.fdatasync
-    entered, release = threading.Event(), threading.Event()
-
-    def gated(fd: int) -> None:
-        entered.set()
-        release.wait(WAIT)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", gated)
+    entered, release = hold_fdatasync(monkeypatch)
     record = make_record()
 
     async def main() -> None:
@@ -753,15 +742,7 @@ def test_clear_diverts_a_late_writer_from_a_killed_attempt(store: CaptureStore) 
 
 
 def test_clear_waits_for_a_commit_in_flight(store: CaptureStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = os.fdatasync
-    entered, release = threading.Event(), threading.Event()
-
-    def gated(fd: int) -> None:
-        entered.set()
-        release.wait(WAIT)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", gated)
+    entered, release = hold_fdatasync(monkeypatch)
     results: list[AppendResult] = []
     appender = threading.Thread(target=lambda: results.append(store.append("racing", make_record())))
     appender.start()
