@@ -152,6 +152,18 @@ def _started_at(record: Mapping[str, Any]) -> float | None:
     return float(value)
 
 
+def _split_at_fence(
+    entries: list[PendingAppend], cleared_at: float | None
+) -> tuple[list[PendingAppend], list[PendingAppend]]:
+    """(current, late): lines of calls that started before the last clear() are late; lines
+    without a start time never are."""
+    if cleared_at is None:
+        return entries, []
+    late = [e for e in entries if e.started_at is not None and e.started_at < cleared_at]
+    current = [e for e in entries if e.started_at is None or e.started_at >= cleared_at]
+    return current, late
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
@@ -327,10 +339,7 @@ class CaptureStore:
                 return entries  # another process (or clear()) holds the rollout
             try:
                 cleared_at, data = self._current_data(rollout_id, files)
-                current, late = entries, []
-                if cleared_at is not None:
-                    late = [e for e in entries if e.started_at is not None and e.started_at < cleared_at]
-                    current = [e for e in entries if e.started_at is None or e.started_at >= cleared_at]
+                current, late = _split_at_fence(entries, cleared_at)
                 if not current:
                     return late
                 _, inode, new_file = self._write_lines(rollout_id, files, data, [entry.line for entry in current])
@@ -424,10 +433,7 @@ class CaptureStore:
 
     def _commit_locked(self, rollout_id: str, files: RolloutFiles, batch: list[PendingAppend]) -> None:
         cleared_at, data = self._current_data(rollout_id, files)
-        current, late = batch, []
-        if cleared_at is not None:
-            late = [e for e in batch if e.started_at is not None and e.started_at < cleared_at]
-            current = [e for e in batch if e.started_at is None or e.started_at >= cleared_at]
+        current, late = _split_at_fence(batch, cleared_at)
         if current:
             fd, _, new_file = self._write_lines(rollout_id, files, data, [entry.line for entry in current])
             if new_file:
