@@ -350,6 +350,36 @@ def test_a_store_dropped_without_closing_still_lets_its_helper_finish_and_exit(t
     assert len(CaptureStore(tmp_path, sync_process=False).read("r", strict=True).entries) == 3
 
 
+def test_a_store_left_open_at_exit_is_closed_once_without_errors(tmp_path: Path) -> None:
+    """At exit the store's close() runs, not the helper's finalizer too: a second close of the
+    same descriptor numbers raised EBADF, and could have closed a file that reused one."""
+    import subprocess
+    import sys
+
+    program = (
+        "import asyncio, sys\n"
+        "from llmtap.store import CaptureStore\n"
+        "async def once(store):\n"
+        "    await store.append_async('r', {'started_at': 1.0})\n"
+        "store = CaptureStore(sys.argv[1])\n"
+        "asyncio.run(once(store))\n"
+        "asyncio.run(once(store))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program, str(tmp_path)], capture_output=True, text=True, timeout=WAIT)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert len(CaptureStore(tmp_path, sync_process=False).read("r", strict=True).entries) == 2
+
+
+def test_the_helpers_finalizer_then_close_close_each_descriptor_once(tmp_path: Path) -> None:
+    store = CaptureStore(tmp_path)
+    asyncio.run(append_many(store, ["r"], 2))
+    finalizer = store._offload._finalizer
+    assert finalizer is not None and finalizer.atexit is False
+    finalizer()  # what a garbage collection of the helper's owner does
+    store.close()  # must not close the numbers again
+    assert store._offload._pipe == [-1, -1]
+
+
 def test_a_forked_child_leaves_its_parents_helper_alone(store: CaptureStore) -> None:
     asyncio.run(append_many(store, ["parent"], 1))
     helper = store._offload._process

@@ -153,6 +153,9 @@ class SyncOffload(Generic[T]):
         self._requests_fd, self._acks_fd = requests_write, acks_read
         # Dropped without close() (its store garbage-collected): the helper still finishes and exits.
         self._finalizer = weakref.finalize(self, _stop_helper, self._process, self._pipe)
+        # At exit the store's own close() (registered by the store module) settles what is owed;
+        # finalizers run before it and would close the pipes under it.
+        self._finalizer.atexit = False
         return True
 
     @property
@@ -258,8 +261,9 @@ class SyncOffload(Generic[T]):
                 except OSError as exc:  # the helper is gone: its end of file hands the jobs back
                     self._give_up("its request pipe failed", exc)
             self._outbox.clear()
-            DESCRIPTORS.close(self._requests_fd)
-            self._requests_fd = -1
+            if self._requests_fd >= 0:
+                DESCRIPTORS.close(self._requests_fd)
+                self._requests_fd = -1
         loop = self._loop
         if self._acks_fd < 0 or (loop is not None and loop.is_running() and not _runs_on(loop)):
             self._process.wait()  # answers already all read, or the running loop reads them
@@ -274,9 +278,14 @@ class SyncOffload(Generic[T]):
 
 
 def _stop_helper(process: subprocess.Popen[bytes], pipe: list[int]) -> None:
-    """Close the helper's pipes still open so it finishes its last batch and exits, then reap it."""
-    for fd in pipe:
+    """Close the helper's pipes still open so it finishes its last batch and exits, then reap it.
+
+    Each closed descriptor is marked -1 in the shared list: closing a number twice could close
+    whatever file reused it.
+    """
+    for index, fd in enumerate(pipe):
         if fd >= 0:
+            pipe[index] = -1
             DESCRIPTORS.close(fd)
     try:
         process.wait(timeout=_HELPER_EXIT_SECONDS)
