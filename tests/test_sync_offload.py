@@ -433,3 +433,68 @@ def test_helper_exits_when_its_store_process_is_killed(tmp_path: Path) -> None:
         time.sleep(0.02)
     alive = Path(f"/proc/{helper_pid}").exists() and not Path(f"/proc/{helper_pid}/stat").read_text().split(") ")[1].startswith("Z")
     assert not alive
+
+
+# An append alone on its loop -------------------------------------------------------------------
+
+
+def test_an_append_alone_on_its_loop_syncs_an_existing_file_there_without_the_helper(
+    store: CaptureStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asyncio.run(store.append_async("r", make_record(0)))  # creates the file: its name needs the helper's directory sync
+    synced_here = spy_on_data_syncs(monkeypatch)
+    result = asyncio.run(store.append_async("r", make_record(1), alone=True))
+    assert synced_here == [str(store.path_for("r"))] and not result.late
+    assert not store._offload._pending
+    asyncio.run(store.append_async("r", make_record(2)))  # not alone: the helper again
+    assert synced_here == [str(store.path_for("r"))]
+    assert len(store.read("r", strict=True).entries) == 3
+
+
+def test_a_new_file_or_two_appends_in_one_turn_are_never_synced_on_the_loop(
+    store: CaptureStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced_here = spy_on_data_syncs(monkeypatch)
+    asyncio.run(store.append_async("new", make_record(), alone=True))
+
+    async def two_in_one_turn() -> list[AppendResult]:
+        return await asyncio.gather(store.append_async("new", make_record(1), alone=True),
+                                    store.append_async("other", make_record(2), alone=True))
+
+    asyncio.run(two_in_one_turn())
+    assert synced_here == []
+    assert [len(store.read(r, strict=True).entries) for r in ("new", "other")] == [2, 1]
+
+
+def test_a_failed_sync_on_the_loop_fails_the_append_and_marks_the_rollout(
+    store: CaptureStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asyncio.run(store.append_async("r", make_record(0)))
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(StoreError):
+        asyncio.run(store.append_async("r", make_record(1), alone=True))
+    assert store.marker_path_for("r").exists()
+
+
+def test_syncs_on_the_loop_stop_while_the_disk_is_slow_and_are_tried_again_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmtap.store import _InlineSyncGate
+
+    now = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    gate = _InlineSyncGate()
+    for _ in range(20):
+        gate.took(0.0001)
+    assert gate.allows()
+    gate.took(0.05)  # one sync of 50 ms lifts the average past the limit
+    assert not gate.allows()
+    now[0] += gate.RETRY_SECONDS
+    assert gate.allows()  # one more try on the loop
+    gate.took(0.0001)
+    while not gate.allows():  # the average falls back below the limit as fast syncs come in
+        now[0] += gate.RETRY_SECONDS
+        gate.took(0.0001)
+    assert gate._average < gate.SLOW_SECONDS

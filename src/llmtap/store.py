@@ -182,6 +182,32 @@ class _SyncJob:
         self.entries = entries
 
 
+class _InlineSyncGate:
+    """Whether an append may fdatasync on the event loop itself instead of handing the sync off.
+
+    Only for a caller that says nothing else is in flight (nobody waits behind the loop then,
+    and the hand-off to a helper and back costs two process wake-ups, more than a fast disk's
+    sync), and only while this disk's syncs stay fast: once their moving average passes
+    `SLOW_SECONDS` the helper takes them again, and the loop tries one again after
+    `RETRY_SECONDS`.
+    """
+
+    SLOW_SECONDS = 0.002
+    RETRY_SECONDS = 1.0
+
+    def __init__(self) -> None:
+        self._average = 0.0
+        self._retry_at = 0.0
+
+    def allows(self) -> bool:
+        return self._average < self.SLOW_SECONDS or time.monotonic() >= self._retry_at
+
+    def took(self, seconds: float) -> None:
+        self._average += (seconds - self._average) * 0.2
+        if self._average >= self.SLOW_SECONDS:
+            self._retry_at = time.monotonic() + self.RETRY_SECONDS
+
+
 class CaptureStore:
     """Durable, group-committed, per-rollout JSONL capture files under one root directory.
 
@@ -225,6 +251,7 @@ class CaptureStore:
         self._syncs: BatchedSyncs[_SyncJob] = BatchedSyncs(self._sync_batch, self._threads)
         self._offload: SyncOffload[_SyncJob] = SyncOffload(self._offloaded, enabled=self._sync_process)
         self._turn = threading.local()  # `lines`: what this thread's event loop appended in its current turn
+        self._inline_syncs = _InlineSyncGate()
         self._turn_lines_cond = threading.Condition()
         self._turn_lines_waiting = 0  # accepted by append_async, not yet written or queued
         self._closing = False
@@ -258,7 +285,7 @@ class CaptureStore:
         self._enqueue(rollout_id, entry)
         return entry.wait()
 
-    async def append_async(self, rollout_id: str, record: Mapping[str, Any]) -> AppendResult:
+    async def append_async(self, rollout_id: str, record: Mapping[str, Any], *, alone: bool = False) -> AppendResult:
         """Append `record` and await its durability without blocking the event loop.
 
         The record is encoded here. At the end of the loop's current turn, the lines each rollout
@@ -267,6 +294,10 @@ class CaptureStore:
         fdatasyncs them; when the locks are busy the lines join the group commit on a thread.
         Never the loop's default executor. Cancelling the await does not cancel the write: the
         record is still committed.
+
+        `alone=True` says nothing else is in flight on this loop (a server with one request in
+        progress): if that turn holds this rollout's lines only and the disk's syncs are fast,
+        the loop fdatasyncs the file itself, sparing the two wake-ups of a hand-off.
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[AppendResult] = loop.create_future()
@@ -279,17 +310,22 @@ class CaptureStore:
         turn: dict[str, list[PendingAppend]] | None = getattr(self._turn, "lines", None)
         if turn is None:
             turn = self._turn.lines = {}
+            self._turn.alone = alone
             loop.call_soon(self._write_turn, turn)
+        else:
+            self._turn.alone = False  # two appends in one turn: not alone, whatever the callers said
         turn.setdefault(rollout_id, []).append(entry)
         return await future
 
     def _write_turn(self, turn: dict[str, list[PendingAppend]]) -> None:
         """Write what one turn of the loop appended, a write per rollout; the rest goes to the group commit."""
+        alone = False
         if getattr(self._turn, "lines", None) is turn:
             self._turn.lines = None
+            alone = self._turn.alone
         try:
             for rollout_id, entries in turn.items():
-                for entry in self._write_now(rollout_id, entries):
+                for entry in self._write_now(rollout_id, entries, sync_here=alone):
                     self._enqueue(rollout_id, entry)
         finally:
             with self._turn_lines_cond:
@@ -317,12 +353,13 @@ class CaptureStore:
                 "pass a mapping with string keys and JSON-able values."
             ) from exc
 
-    def _write_now(self, rollout_id: str, entries: list[PendingAppend]) -> list[PendingAppend]:
+    def _write_now(self, rollout_id: str, entries: list[PendingAppend], *, sync_here: bool = False) -> list[PendingAppend]:
         """Write awaited lines on the loop's thread and queue their sync; return those left to group-commit.
 
         Only what cannot block: the in-process mutex and the flock are tried without waiting, and
         lines the clear() fence diverts go the long way. Lines written are settled by their sync;
-        a failed write settles them with its StoreError here.
+        a failed write settles them with its StoreError here. With `sync_here` (see `append_async`)
+        the sync of an existing file may run here too.
         """
         if self._committer.closed:
             return entries
@@ -342,10 +379,13 @@ class CaptureStore:
                 current, late = _split_at_fence(entries, cleared_at)
                 if not current:
                     return late
-                _, inode, new_file = self._write_lines(rollout_id, files, data, [entry.line for entry in current])
+                fd, inode, new_file = self._write_lines(rollout_id, files, data, [entry.line for entry in current])
                 job = _SyncJob(rollout_id, inode, new_file, current)
             finally:
                 fcntl.flock(files.lock_fd, fcntl.LOCK_UN)
+            if sync_here and not new_file and self._inline_syncs.allows():
+                self._sync_here(job, fd)  # still this rollout's open data file: the mutex is held
+                return late
         except Exception as exc:
             self._fail(rollout_id, [entry for entry in entries if entry.outcome is None], exc)
             return []
@@ -355,6 +395,17 @@ class CaptureStore:
         if not self._offload.submit(job, path, job.inode, job.new_file):
             self._sync_on_threads(job)
         return late
+
+    def _sync_here(self, job: _SyncJob, fd: int) -> None:
+        began = time.perf_counter()
+        try:
+            sync_data(fd)
+        except OSError as exc:
+            self._fail(job.rollout_id, job.entries, exc)
+            return
+        finally:
+            self._inline_syncs.took(time.perf_counter() - began)
+        self._settle_durable([job])
 
     def _sync_on_threads(self, job: _SyncJob) -> None:
         if not self._syncs.submit(job):  # closed meanwhile: sync here rather than lose the line

@@ -235,7 +235,7 @@ async def test_store_failure_never_changes_the_response(store: CaptureStore, mon
     recorded = fixture("chat/text-basic-gpt4o")
     health = CaptureHealth()
 
-    async def failing_append(rollout_id, record):  # type: ignore[no-untyped-def]
+    async def failing_append(rollout_id, record, **options):  # type: ignore[no-untyped-def]
         from llmtap.errors import StoreError
 
         store.mark_incomplete(rollout_id, "test")
@@ -247,6 +247,39 @@ async def test_store_failure_never_changes_the_response(store: CaptureStore, mon
     assert sent.status == 200 and sent.body == recorded.body_bytes
     assert health.snapshot()["record_write_failed"] == 1
     assert read_rollout_calls(store, "f").incomplete
+
+
+async def test_a_call_alone_in_the_server_lets_the_store_sync_on_the_loop(
+    store: CaptureStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorded = fixture("chat/text-basic-gpt4o")
+    alone_flags: list[bool] = []
+    real_append = store.append_async
+
+    async def spying_append(rollout_id, record, *, alone=False):  # type: ignore[no-untyped-def]
+        alone_flags.append(alone)
+        return await real_append(rollout_id, record, alone=alone)
+
+    monkeypatch.setattr(store, "append_async", spying_append)
+    unprefixed_started, finish_unprefixed = asyncio.Event(), asyncio.Event()
+    replay = replaying_app(recorded)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"] == "/slow":  # an uncaptured request still in progress
+            unprefixed_started.set()
+            await finish_unprefixed.wait()
+        await replay(scope, receive, send)
+
+    capturing = middleware(app, store)
+    await call_app(capturing, http_scope("/ng-rollout/a/v1/chat/completions"), request_body(recorded))
+    slow = asyncio.create_task(call_app(capturing, http_scope("/slow"), request_body(recorded)))
+    await unprefixed_started.wait()
+    await call_app(capturing, http_scope("/ng-rollout/a/v1/chat/completions"), request_body(recorded))
+    finish_unprefixed.set()
+    await slow
+    assert alone_flags == [True, False]
+    assert capturing.in_flight == 0
+    assert len(read_rollout_calls(store, "a").records) == 2
 
 
 async def test_non_http_scopes_pass_straight_through(store: CaptureStore) -> None:

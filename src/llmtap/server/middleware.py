@@ -76,9 +76,22 @@ class CaptureMiddleware:
         self.sampling_overrides = dict(sampling_overrides) if sampling_overrides else None
         self.provider = provider
         self.health = health or HEALTH
+        # HTTP requests in progress through this middleware, captured or not: with one alone, the
+        # store may sync its record on the loop itself (`CaptureStore.append_async(alone=...)`).
+        self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(_CORRELATION_PREFIXES):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.in_flight += 1
+        try:
+            await self._handle(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not scope["path"].startswith(_CORRELATION_PREFIXES):
             await self.app(scope, receive, send)
             return
         try:
@@ -294,7 +307,7 @@ class _CapturedCall:
             store.mark_incomplete(self.exchange.rollout_id, "record_build_failed")
             return
         try:
-            await store.append_async(self.exchange.rollout_id, line)
+            await store.append_async(self.exchange.rollout_id, line, alone=self.owner.in_flight == 1)
         except Exception as exc:
             self.owner.health.failure("record_write_failed", "asgi", exc)
             return
