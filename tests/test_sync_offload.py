@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import struct
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import llmtap._sync_offload as sync_offload
 import llmtap._sync_worker as sync_worker
 from llmtap._sync_worker import ACK, NEW_FILE, REQUEST, serve
 from llmtap.errors import StoreError
@@ -280,7 +280,7 @@ def test_a_sync_the_helper_reports_failed_fails_the_append_and_marks_the_rollout
         "        buffer = buffer[27 + length:]\n"
         f"        os.write(1, struct.pack('<QI', job, {errno.ENOSPC}))\n"
     )
-    monkeypatch.setattr(store._offload, "_argv", [sys.executable, "-I", "-S", str(no_space)])
+    monkeypatch.setattr(sync_offload, "_WORKER", str(no_space))
     with pytest.raises(StoreError) as caught:
         asyncio.run(store.append_async("full", make_record()))
     assert isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == errno.ENOSPC

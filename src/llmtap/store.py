@@ -392,7 +392,7 @@ class CaptureStore:
         finally:
             files.mutex.release()
         path = self._sibling(rollout_id, DATA_SUFFIX)
-        if not self._offload.submit_sync(job, path, job.inode, job.new_file):
+        if not self._offload.submit(job, path, job.inode, job.new_file):
             self._sync_on_threads(job)
         return late
 
