@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import uuid
 
-from llmtap.exchange import new_model_call_id, safe_headers
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmtap.exchange import SECRET_HEADERS, header_name, new_model_call_id, safe_headers
 
 
 def test_model_call_ids_are_uuid4_hex_and_do_not_repeat() -> None:
@@ -41,3 +44,18 @@ def test_safe_headers_drop_credentials_from_asgi_lists_and_mappings_alike() -> N
     assert safe_headers(raw) == expected
     assert safe_headers({name.decode(): value.decode() for name, value in raw}) == expected
     assert safe_headers(None) == {} and safe_headers([]) == {}
+
+
+@given(st.lists(st.tuples(st.one_of(st.binary(max_size=30), st.text(max_size=30)), st.binary(max_size=20)), max_size=8))
+def test_header_filtering_decides_a_name_the_same_way_the_first_time_and_every_time_after(
+    headers: list[tuple[bytes | str, bytes]],
+) -> None:
+    """The name cache must never change a decision: credentials stay out, whatever was seen before."""
+    first, again = safe_headers(list(headers)), safe_headers(list(headers))
+    assert first == again
+    for raw_name, _ in headers:
+        text = (raw_name.decode("latin-1") if isinstance(raw_name, bytes) else raw_name).lower()
+        credential = text in SECRET_HEADERS or "token" in text or text.endswith("-key")
+        assert header_name(raw_name) == (None if credential else text)
+        if isinstance(raw_name, bytes):  # unhashable, so never cached: decided the same way
+            assert header_name(bytearray(raw_name)) == header_name(raw_name)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Exchange", "SECRET_HEADERS", "new_model_call_id", "safe_headers"]
+__all__ = ["Exchange", "SECRET_HEADERS", "header_name", "new_model_call_id", "safe_headers"]
 
 # Header names whose values are credentials. They are dropped at the Exchange, so no later stage
 # can persist them by mistake (principle 6).
@@ -48,6 +48,31 @@ def new_model_call_id() -> str:
     return f"{value:032x}"
 
 
+# Header names seen so far: lower-cased, or None for a credential. Servers and SDKs send the same
+# few names on every call, and deciding and decoding them was most of what filtering cost.
+_HEADER_NAMES: dict[Any, str | None] = {}
+_HEADER_NAMES_KEPT = 4096
+
+
+def header_name(raw_name: Any) -> str | None:
+    """A header's name lower-cased as text, or None when the header carries a credential."""
+    try:
+        known = _HEADER_NAMES.get(raw_name, _UNKNOWN)
+    except TypeError:  # an unhashable name (a bytearray): decided afresh
+        known = _UNKNOWN
+    if known is not _UNKNOWN:
+        return known  # type: ignore[return-value]
+    name = raw_name.decode("latin-1") if isinstance(raw_name, (bytes, bytearray)) else str(raw_name)
+    name = name.lower()
+    decided = None if name in SECRET_HEADERS or "token" in name or name.endswith("-key") else name
+    if len(_HEADER_NAMES) < _HEADER_NAMES_KEPT and isinstance(raw_name, (bytes, str)):
+        _HEADER_NAMES[raw_name] = decided
+    return decided
+
+
+_UNKNOWN = object()
+
+
 def safe_headers(headers: Mapping[str, str] | list[tuple[bytes, bytes]] | None) -> dict[str, str]:
     """Return headers with lower-cased names and every credential header removed."""
     result: dict[str, str] = {}
@@ -56,12 +81,9 @@ def safe_headers(headers: Mapping[str, str] | list[tuple[bytes, bytes]] | None) 
     # ASGI servers hand over a list: test for it first, the Mapping ABC check is the slow one.
     items = headers if isinstance(headers, list) else headers.items() if isinstance(headers, Mapping) else headers
     for raw_name, raw_value in items:
-        name = raw_name.decode("latin-1") if isinstance(raw_name, bytes) else str(raw_name)
-        name = name.lower()
-        if name in SECRET_HEADERS or "token" in name or name.endswith("-key"):
-            continue
-        value = raw_value.decode("latin-1") if isinstance(raw_value, bytes) else str(raw_value)
-        result[name] = value
+        name = header_name(raw_name)
+        if name is not None:
+            result[name] = raw_value.decode("latin-1") if isinstance(raw_value, bytes) else str(raw_value)
     return result
 
 

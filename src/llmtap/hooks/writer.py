@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from ..capsule.spool import KIND_CALL, encode_frame, encode_meta
-from ..exchange import safe_headers
+from ..exchange import header_name, safe_headers
 
 if TYPE_CHECKING:
     from ..capsule.spool import Frame
@@ -42,19 +42,6 @@ _EXIT_FLUSHES: list[Callable[[], None]] = []
 _EXCEPTION_DEPTH = 16
 
 
-# Header names seen so far: their text, or "" for a credential. SDKs send the same few names on
-# every call, and deciding (`safe_headers`' rule) and decoding them is most of the cost.
-_HEADER_NAMES: dict[Any, str] = {}
-
-
-def _header_name(name: Any) -> str:
-    probe: Any = [(name, b"" if isinstance(name, bytes) else "")]
-    text = "" if not safe_headers(probe) else _text(name)
-    if len(_HEADER_NAMES) < 4096:
-        _HEADER_NAMES[name] = text
-    return text
-
-
 def _text(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -64,16 +51,13 @@ def _text(value: Any) -> str:
 
 
 def credential_free(headers: Iterable[tuple[Any, Any]] | None) -> list[tuple[str, str]] | None:
-    """Header pairs as text, without any credential header (the same rule as `safe_headers`)."""
+    """Header pairs as text (names lower-cased), without any credential header (`safe_headers`' rule)."""
     if headers is None:
         return None
     kept = []
-    names = _HEADER_NAMES
     for name, value in headers:
-        text = names.get(name)
-        if text is None:
-            text = _header_name(name)
-        if text:
+        text = header_name(name)
+        if text is not None:
             kept.append((text, value.decode("latin-1") if type(value) is bytes else _text(value)))
     return kept
 
