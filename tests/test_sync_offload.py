@@ -451,17 +451,17 @@ def test_an_append_alone_on_its_loop_syncs_an_existing_file_there_without_the_he
     assert len(store.read("r", strict=True).entries) == 3
 
 
-def test_a_new_file_or_two_appends_in_one_turn_are_never_synced_on_the_loop(
+def test_a_new_file_or_an_append_joining_a_turn_is_never_synced_on_the_loop(
     store: CaptureStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     synced_here = spy_on_data_syncs(monkeypatch)
-    asyncio.run(store.append_async("new", make_record(), alone=True))
+    asyncio.run(store.append_async("new", make_record(), alone=True))  # a new name needs the directory synced too
 
-    async def two_in_one_turn() -> list[AppendResult]:
-        return await asyncio.gather(store.append_async("new", make_record(1), alone=True),
-                                    store.append_async("other", make_record(2), alone=True))
+    async def alone_after_another_in_the_same_turn() -> list[AppendResult]:
+        return await asyncio.gather(store.append_async("other", make_record(1)),
+                                    store.append_async("new", make_record(2), alone=True))
 
-    asyncio.run(two_in_one_turn())
+    asyncio.run(alone_after_another_in_the_same_turn())
     assert synced_here == []
     assert [len(store.read(r, strict=True).entries) for r in ("new", "other")] == [2, 1]
 

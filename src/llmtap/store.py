@@ -296,8 +296,9 @@ class CaptureStore:
         record is still committed.
 
         `alone=True` says nothing else is in flight on this loop (a server with one request in
-        progress): if that turn holds this rollout's lines only and the disk's syncs are fast,
-        the loop fdatasyncs the file itself, sparing the two wake-ups of a hand-off.
+        progress): with no turn's lines to share a write with, the line is written at once, and
+        while the disk's syncs are fast the loop fdatasyncs the file itself, sparing the two
+        wake-ups of a hand-off.
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[AppendResult] = loop.create_future()
@@ -308,21 +309,22 @@ class CaptureStore:
                 self._enqueue(rollout_id, entry)  # raises the closed store's error
             self._turn_lines_waiting += 1
         turn: dict[str, list[PendingAppend]] | None = getattr(self._turn, "lines", None)
+        if turn is None and alone:  # nothing to share a write with: write (and maybe sync) right now
+            self._write_turn({rollout_id: [entry]}, alone=True)
+            return await future
         if turn is None:
             turn = self._turn.lines = {}
-            self._turn.alone = alone
             loop.call_soon(self._write_turn, turn)
-        else:
-            self._turn.alone = False  # two appends in one turn: not alone, whatever the callers said
         turn.setdefault(rollout_id, []).append(entry)
         return await future
 
-    def _write_turn(self, turn: dict[str, list[PendingAppend]]) -> None:
-        """Write what one turn of the loop appended, a write per rollout; the rest goes to the group commit."""
-        alone = False
+    def _write_turn(self, turn: dict[str, list[PendingAppend]], *, alone: bool = False) -> None:
+        """Write what one turn of the loop appended, a write per rollout; the rest goes to the group commit.
+
+        `alone`: one append made with `alone=True` outside any turn, which may also sync here.
+        """
         if getattr(self._turn, "lines", None) is turn:
             self._turn.lines = None
-            alone = self._turn.alone
         try:
             for rollout_id, entries in turn.items():
                 for entry in self._write_now(rollout_id, entries, sync_here=alone):
