@@ -240,3 +240,29 @@ def test_two_serve_instances_share_one_capture_directory(replay_upstream: Replay
     assert len(records) == 20 and len({r.model_call_id for r in records}) == 20
     assert [r.call_index for r in records] == list(range(20))
     assert all(r.error_category is None and not r.stream_truncated for r in records)
+
+
+def test_the_client_gets_the_upstreams_headers_and_no_others_from_the_server_llmtap_runs_on(
+    replay_upstream: ReplayUpstream, tmp_path: Path
+) -> None:
+    """uvicorn would add its own `date` and `server: uvicorn` in front of the upstream's."""
+    from llmtap.server.config import load_serve_config
+    from llmtap.server.run import uvicorn_config
+    from tests.support.servers import ServerThread
+
+    config = load_serve_config(settings={"upstreams": {"default": {"base_url": replay_upstream.base_url}},
+                                         "observability_enabled": True, "model_call_capture_dir": str(tmp_path / "calls")})
+    recorded = fixture("chat/text-basic-gpt4o")
+    request = {"json": recorded.request_json, "headers": _headers("chat/text-basic-gpt4o")}
+    with ServerThread(None, config=uvicorn_config(config)) as server:  # type: ignore[arg-type]
+        server.start()
+        direct = httpx.post(replay_upstream.base_url + "/v1/chat/completions", **request)
+        proxied = httpx.post(server.base_url + "/ng-rollout/h/v1/chat/completions", **request)
+    hop_by_hop = {"connection", "keep-alive", "transfer-encoding"}
+
+    def names(response: httpx.Response) -> list[str]:
+        return sorted(name.decode().lower() for name, _ in response.headers.raw if name.decode().lower() not in hop_by_hop)
+
+    assert proxied.content == direct.content
+    assert names(proxied) == names(direct)
+    assert {k: v for k, v in proxied.headers.items() if k != "date"} == {k: v for k, v in direct.headers.items() if k != "date"}

@@ -64,10 +64,19 @@ class ServerThread(StopsOnExit):
     joins the thread; it is idempotent and also runs on leaving a `with` block.
     """
 
-    def __init__(self, app: ASGIApp, *, port: int = 0, graceful_timeout: int = 1, lifespan: str = "off") -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        port: int = 0,
+        graceful_timeout: int = 1,
+        lifespan: str = "off",
+        config: uvicorn.Config | None = None,
+    ) -> None:
+        """`config`, when given, is served as it is (its `app` is served, `app` is ignored)."""
         self._socket = bound_socket(port)
         self.port: int = self._socket.getsockname()[1]
-        config = uvicorn.Config(
+        config = config or uvicorn.Config(
             app,
             lifespan=lifespan,
             ws="none",

@@ -49,6 +49,7 @@ def serve_into_capsule(config: Any, *, runs_dir: Path | None = None) -> Path:
     import uvicorn
 
     from ..server.proxy import build_app
+    from ..server.run import uvicorn_config
     from ..store import CaptureStore
 
     started, started_mono = time.time(), time.perf_counter()
@@ -65,9 +66,7 @@ def serve_into_capsule(config: Any, *, runs_dir: Path | None = None) -> Path:
     )
     outcome = CaptureOutcome("success", exit_code=0)
     try:
-        uvicorn.Server(
-            uvicorn.Config(app, host=config.host, port=config.port, lifespan="on", access_log=False, log_level=config.log_level)
-        ).run()
+        uvicorn.Server(uvicorn_config(config, app)).run()
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: the normal way to stop
         pass
     except BaseException as exc:

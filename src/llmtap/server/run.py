@@ -7,17 +7,25 @@ import sys
 
 import uvicorn
 
+from .asgi import ASGIApp
 from .config import ServeConfig
 from .proxy import build_app
 
 __all__ = ["run_server", "uvicorn_config"]
 
 
-def uvicorn_config(config: ServeConfig) -> uvicorn.Config:
-    """Return the uvicorn settings llmtap serves with (fast HTTP parser when installed, no access log)."""
+def uvicorn_config(config: ServeConfig, app: ASGIApp | None = None) -> uvicorn.Config:
+    """Return the uvicorn settings llmtap serves `app` with (by default the proxy `config`
+    describes): fast HTTP parser when installed, no access log.
+
+    uvicorn adds `date` and `server` headers to every response unless told not to, which would
+    put a second `date` and a `server: uvicorn` in front of the upstream's own: the client must
+    get the upstream's headers (hop-by-hop ones aside), so both are off. X-Forwarded-* rewriting
+    is off too: llmtap reads no client address.
+    """
     http = "httptools" if importlib.util.find_spec("httptools") else "h11"
     return uvicorn.Config(
-        build_app(config),
+        app if app is not None else build_app(config),
         host=config.host,
         port=config.port,
         http=http,
@@ -25,6 +33,9 @@ def uvicorn_config(config: ServeConfig) -> uvicorn.Config:
         access_log=False,
         log_level=config.log_level,
         timeout_keep_alive=75,
+        server_header=False,
+        date_header=False,
+        proxy_headers=False,
     )
 
 
