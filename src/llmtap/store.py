@@ -13,8 +13,10 @@ so threads, processes and hosts sharing a POSIX directory never interleave or lo
 append returns only once its line is durable. Blocking appends are group-committed per rollout:
 the first appender with no commit in flight writes and syncs every queued line at once. An
 awaited append writes its line on the event loop when the rollout's locks are free (a page-cache
-write, microseconds) and leaves only the fdatasync to a helper thread, which syncs everything
-queued meanwhile as one batch; otherwise it joins the group commit. The batching and helper
+write, microseconds) and leaves only the fdatasync to a sync helper process (`_sync_offload`) or
+a helper thread, which syncs everything queued meanwhile as one batch; otherwise it joins the
+group commit. An append whose caller has nothing else in flight is synced on the loop itself
+while the disk is fast: a hand-off would only add two wake-ups. The batching and helper
 threads live in `_group_commit`, the descriptors kept open per rollout in `_rollout_files`, the
 write and sync steps in `_durable_files`; this module decides which file each line goes to.
 
