@@ -16,8 +16,9 @@ garbage-collected. httpcore below is never hooked, so a call is recorded once.
 from __future__ import annotations
 
 import functools
+from collections.abc import AsyncIterator, Callable, Iterator
 from types import ModuleType
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any
 
 from .base import Hook, Patch, claim_call, inside_hooked_call, release_call
 from .session import CapturedCall, active_session, open_call
@@ -42,36 +43,49 @@ def _open(hook: str, request: Any) -> CapturedCall | None:
 
 def _sync_tee_class(base: type) -> type:
     class TeeSyncStream(base):  # type: ignore[misc]
-        """Passes the response bytes through unchanged and shows each chunk to the call."""
+        """Passes the response bytes through unchanged and shows each chunk to the call.
+
+        The tee lets go of its call as soon as the call ends, so a response the caller keeps
+        does not keep the call's Exchange (a copy of both bodies) alive with it. Slots, not an
+        instance dict: see `_finish_collected`.
+        """
+
+        __slots__ = ("_call", "_inner")
 
         def __init__(self, inner: Any, call: CapturedCall) -> None:
             self._inner = inner
-            self._call = call
+            self._call: CapturedCall | None = call
 
         def __iter__(self) -> Iterator[bytes]:
             call = self._call
+            if call is None:  # the call has already ended: nothing left to record
+                yield from self._inner
+                return
             try:
                 for chunk in self._inner:
                     call.add_chunk(chunk)
                     yield chunk
             except GeneratorExit:
+                self._call = None
                 call.finish_unattended("abandoned")
                 raise
             except BaseException as exc:
+                self._call = None
                 call.finish("error", exc)
                 raise
+            self._call = None
             call.finish("eof")
 
         def close(self) -> None:
+            call, self._call = self._call, None
             try:
                 self._inner.close()
             finally:
-                self._call.finish("closed")
+                if call is not None:
+                    call.finish("closed")
 
         def __del__(self) -> None:
-            call = self.__dict__.get("_call")
-            if call is not None and not call.done:
-                call.finish_unattended("collected")
+            _finish_collected(self)
 
     return TeeSyncStream
 
@@ -80,36 +94,61 @@ def _async_tee_class(base: type) -> type:
     class TeeAsyncStream(base):  # type: ignore[misc]
         """Async twin of the sync tee."""
 
+        __slots__ = ("_call", "_inner")
+
         def __init__(self, inner: Any, call: CapturedCall) -> None:
             self._inner = inner
-            self._call = call
+            self._call: CapturedCall | None = call
 
         async def __aiter__(self) -> AsyncIterator[bytes]:
             call = self._call
+            if call is None:
+                async for chunk in self._inner:
+                    yield chunk
+                return
             try:
                 async for chunk in self._inner:
                     call.add_chunk(chunk)
                     yield chunk
             except GeneratorExit:
+                self._call = None
                 call.finish_unattended("abandoned")
                 raise
             except BaseException as exc:
+                self._call = None
                 await call.afinish("error", exc)
                 raise
+            self._call = None
             await call.afinish("eof")
 
         async def aclose(self) -> None:
+            call, self._call = self._call, None
             try:
                 await self._inner.aclose()
             finally:
-                await self._call.afinish("closed")
+                if call is not None:
+                    await call.afinish("closed")
 
         def __del__(self) -> None:
-            call = self.__dict__.get("_call")
-            if call is not None and not call.done:
-                call.finish_unattended("collected")
+            _finish_collected(self)
 
     return TeeAsyncStream
+
+
+def _finish_collected(tee: Any) -> None:
+    """Record a stream that was garbage-collected before it was read to its end.
+
+    httpx's response and its stream refer to each other, so a tee usually dies in a garbage
+    collection, as the finalizer of an object in that cycle. Such a finalizer must leave no new
+    reference to the cycle behind: reading `tee.__dict__` here once did (Python 3.11 keeps
+    attributes inline and builds the dict on demand, holding the cycle's members), so the
+    collector took each response as resurrected and moved its objects (about 60) to an older
+    generation instead of freeing them, where many piled up until the next full collection. The
+    tee keeps its attributes in slots, and this only reads one and ends the call.
+    """
+    call = getattr(tee, "_call", None)  # absent if __init__ never ran
+    if call is not None and not call.done:
+        call.finish_unattended("collected")
 
 
 def _attach(call: CapturedCall, response: Any, tee: type) -> None:
