@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+
 # ThreadingHTTPServer is used by the upstream subprocess, which imports this module by name.
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: F401
 from pathlib import Path
@@ -247,11 +248,14 @@ headers = {"content-type": "application/json", "authorization": "Bearer sk-bench
 samples = []
 with httpx.Client() as client:
     for index in range(warm + calls):
+        if index == warm:
+            cpu_started = time.process_time()
         started = time.perf_counter()
         client.post(url, content=body, headers=headers)
         samples.append(time.perf_counter() - started)
+    cpu = time.process_time() - cpu_started
 with open(out, "w") as handle:
-    json.dump(samples[warm:], handle)
+    json.dump({"samples": samples[warm:], "cpu_per_call": cpu / calls}, handle)
 """
 
 # `llmtap run` with the parent's live spool collector started as soon as the capsule exists, which
@@ -296,7 +300,13 @@ def bench_run_per_call(calls: int, rounds: int, warm: int = 200) -> list[dict[st
 
     Reported per arm: the median of all its calls, the difference to plain python's median, and
     the median over rounds of that difference taken round by round (paired, so slow drifts of a
-    shared machine cancel out).
+    shared machine cancel out); and the program's own CPU time (user + system) per timed call,
+    median over rounds, with its difference to plain python's. On this VM the time of one
+    loopback call is bimodal (a waiting vCPU is sometimes descheduled by the host: p10 near 0.5
+    ms, p90 near 1.1 ms), so a program's median moves by a few hundred microseconds from one run
+    to the next; the CPU time a call costs the program is what capture adds to the call itself
+    (no thread, lock or I/O wait in the workload), and it hardly moves. The arms' order
+    alternates from round to round.
     """
     from importlib.util import find_spec
 
@@ -318,19 +328,24 @@ def bench_run_per_call(calls: int, rounds: int, warm: int = 200) -> list[dict[st
             arms["llmtap run, live collector"] = [sys.executable, "-c", _RUNNER_LIVE, str(runs_dir)]
         samples: dict[str, list[float]] = {name: [] for name in arms}
         round_medians: dict[str, list[float]] = {name: [] for name in arms}
+        cpu_per_call: dict[str, list[float]] = {name: [] for name in arms}
         out = Path(scratch) / "samples.json"
+        names = list(arms)
         for round_index in range(rounds + 1):
-            for name, prefix in arms.items():
-                command = [*prefix, sys.executable, str(script), url, str(out), str(warm), str(calls)]
+            for name in names if round_index % 2 else names[::-1]:
+                command = [*arms[name], sys.executable, str(script), url, str(out), str(warm), str(calls)]
                 subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
                 if round_index:  # the first round only warms the caches
-                    values = json.loads(out.read_text())
-                    samples[name] += values
-                    round_medians[name].append(statistics.median(values))
+                    measured = json.loads(out.read_text())
+                    samples[name] += measured["samples"]
+                    round_medians[name].append(statistics.median(measured["samples"]))
+                    cpu_per_call[name].append(measured["cpu_per_call"])
         base = statistics.median(samples["plain python"])
+        base_cpu = statistics.median(cpu_per_call["plain python"])
         for name, values in samples.items():
             median = statistics.median(values)
             paired = [arm - plain for arm, plain in zip(round_medians[name], round_medians["plain python"])]
+            cpu = statistics.median(cpu_per_call[name])
             results.append(
                 {
                     "arm": name,
@@ -339,6 +354,8 @@ def bench_run_per_call(calls: int, rounds: int, warm: int = 200) -> list[dict[st
                     "added_us": (median - base) * 1e6,
                     "paired_added_us": statistics.median(paired) * 1e6,
                     "ratio": median / base,
+                    "cpu_us": cpu * 1e6,
+                    "added_cpu_us": (cpu - base_cpu) * 1e6,
                 }
             )
     return results
@@ -410,11 +427,12 @@ def _print_run_per_call(calls: int, rounds: int) -> None:
         "per call of one program, plainly and under `llmtap run` (httpx POST, loopback keep-alive server; "
         f"{rounds} interleaved rounds of {calls} calls; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f})"
     )
-    print(f"  {'arm':30} {'calls':>6} {'median us':>10} {'added us':>9} {'paired us':>10} {'ratio':>6}")
+    print(f"  {'arm':30} {'calls':>6} {'median us':>10} {'added us':>9} {'paired us':>10} {'ratio':>6}"
+          f" {'CPU us':>7} {'added CPU us':>12}")
     for row in rows:
         print(
             f"  {row['arm']:30} {row['calls']:6d} {row['median_us']:10.1f} {row['added_us']:9.1f}"
-            f" {row['paired_added_us']:10.1f} {row['ratio']:6.2f}"
+            f" {row['paired_added_us']:10.1f} {row['ratio']:6.2f} {row['cpu_us']:7.1f} {row['added_cpu_us']:12.1f}"
         )
 
 
