@@ -52,6 +52,7 @@ def new_model_call_id() -> str:
 # few names on every call, and deciding and decoding them was most of what filtering cost.
 _HEADER_NAMES: dict[Any, str | None] = {}
 _HEADER_NAMES_KEPT = 4096
+_UNKNOWN = object()
 
 
 def header_name(raw_name: Any) -> str | None:
@@ -68,9 +69,6 @@ def header_name(raw_name: Any) -> str | None:
     if len(_HEADER_NAMES) < _HEADER_NAMES_KEPT and isinstance(raw_name, (bytes, str)):
         _HEADER_NAMES[raw_name] = decided
     return decided
-
-
-_UNKNOWN = object()
 
 
 def safe_headers(headers: Mapping[str, str] | list[tuple[bytes, bytes]] | None) -> dict[str, str]:
