@@ -33,6 +33,7 @@ from llmtap.hooks.writer import credential_free, decode_call, encode_call
 from llmtap.records import raw_line_from_exchange
 from llmtap.store import CaptureStore
 from tests.fixtures import RecordedExchange, all_fixtures
+from tests.test_records import exchange_from
 
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(),
@@ -51,22 +52,14 @@ def _frame_bytes(kind: int, meta: dict[str, Any], request: bytes = b"", response
 
 
 def _exchange(recorded: RecordedExchange, pieces: int = 3, secret: str = "sk-live-secret") -> tuple[Exchange, list[tuple[bytes, bytes]]]:
-    """A finished in-process call of a recorded exchange, its body arriving in `pieces` chunks."""
-    exchange = Exchange(
-        method="POST",
-        path=recorded.request_path,
-        request_body=json.dumps(recorded.request_json).encode(),
-        rollout_id="r-1",
-        provider="openai",
-    )
+    """A finished in-process call of a recorded exchange, its body arriving in `pieces` chunks,
+    and the response headers its hook saw (a credential among them)."""
+    exchange = exchange_from(recorded, pieces=pieces)
+    exchange.model_call_id = None  # a hook's call has none until its record is built
+    exchange.response_headers = {}  # a hook hands its headers to `encode_call` apart
+    exchange.provider = "openai"
     exchange.extra["operation"] = "chat"
     exchange.extra["capture"] = {"point": "in-process", "hook": "httpx", "pid": 1}
-    exchange.status_code = recorded.status
-    body = recorded.body_bytes
-    size = max(1, len(body) // pieces)
-    for start in range(0, len(body), size):
-        exchange.add_response_chunk(body[start : start + size])
-    exchange.finish()
     response_headers = [(b"content-type", recorded.content_type.encode()), (b"set-cookie", secret.encode())]
     return exchange, response_headers
 

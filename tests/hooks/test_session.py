@@ -54,13 +54,15 @@ def test_a_stream_ending_after_its_capture_closed_is_dropped_and_counted_there(
     assert json.loads((tmp_path / "health.json").read_text())["counts"]["stream_record_dropped"] == 1
 
 
+def _failing_builder(call: CapturedCall) -> Any:
+    """A line or frame builder that always fails, with a message that must never reach a log."""
+    raise ValueError("secret prompt text must never be logged")
+
+
 def test_a_failing_record_builder_never_changes_the_result_and_is_counted(
     capture_session: CaptureSession, replay_upstream: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken(call: CapturedCall) -> Any:
-        raise ValueError("secret prompt text must never be logged")
-
-    capture_session.line_builder = broken
+    capture_session.line_builder = _failing_builder
     url = replay_upstream.base_url + "/v1/chat/completions"
     with httpx.Client() as client:
         results = [client.post(url, json=JSON_FIXTURE.request_json).content for _ in range(3)]
@@ -159,10 +161,7 @@ def test_a_spooling_capture_writes_each_call_to_its_spool_file_before_the_call_r
 def test_a_spooling_capture_reports_each_lost_call_in_its_spool_file(
     spooling_session: CaptureSession, replay_upstream: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken(call: CapturedCall) -> Any:
-        raise ValueError("secret prompt text must never be logged")
-
-    spooling_session.frame_builder = broken
+    spooling_session.frame_builder = _failing_builder
     url = replay_upstream.base_url + "/v1/chat/completions"
     with httpx.Client() as client:
         results = [client.post(url, json=JSON_FIXTURE.request_json).content for _ in range(2)]
