@@ -87,3 +87,26 @@ def test_any_split_of_a_recorded_stream_gives_the_same_events(body: bytes, cuts:
 def test_arbitrary_bytes_never_raise_and_split_invariantly(body: bytes, cuts: list[int]) -> None:
     cuts = [cut % (len(body) + 1) for cut in cuts]
     assert feed_in_pieces(body, cuts) == decode_sse(body)
+
+
+def feed_byte_by_byte(body: bytes) -> list[SSEEvent]:
+    """The line-by-line path only: a one-byte chunk never holds a whole event."""
+    return feed_in_pieces(body, list(range(len(body) + 1)))
+
+
+_line_bytes = st.binary(max_size=12).filter(lambda value: b"\n" not in value and b"\r" not in value)
+_lines = st.one_of(
+    st.builds(lambda value: b"data: " + value, _line_bytes),
+    st.builds(lambda value: b"event: " + value, _line_bytes),
+    st.sampled_from([b"data:", b"data:  x", b"data", b"event:x", b"id: 7", b"id: a\x00b", b"retry: 10", b": note", b""]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(_lines, max_size=3), max_size=8), st.integers(min_value=0, max_value=2))
+def test_whole_event_chunks_decode_as_the_line_by_line_path_does(events: list[list[bytes]], extra_blank: int) -> None:
+    """Chunks of whole LF-ended events take a shortcut; it must give exactly the general path's events."""
+    chunks = [b"\n".join(lines) + b"\n\n" + b"\n" * extra_blank for lines in events]
+    decoder = SSEDecoder()
+    fast = [event for chunk in chunks for event in decoder.feed(chunk)] + decoder.close()
+    assert fast == feed_byte_by_byte(b"".join(chunks))

@@ -43,6 +43,10 @@ _FINISH_REASONS: dict[str, str] = {
 # OpenRouter's reasoning detail type for reasoning the provider served only encrypted.
 _ENCRYPTED_REASONING = "reasoning.encrypted"
 
+# Chunk fields copied to the rebuilt completion: non-empty strings only, or a string or null.
+_ENVELOPE_TEXT_KEYS = ("id", "model")
+_ENVELOPE_NULLABLE_KEYS = ("system_fingerprint", "service_tier")
+
 # Reasoning-detail fields that identify an entry rather than grow with each delta.
 _DETAIL_IDENTITY_KEYS = frozenset({"type", "id", "format", "index"})
 
@@ -182,11 +186,15 @@ class _ChoiceState:
         well_formed = True
         delta = choice.get("delta")
         if isinstance(delta, dict):
-            well_formed = self._apply_delta(delta)
+            content = delta.get("content")
+            if len(delta) == 1 and type(content) is str:  # a plain token: most of every stream
+                self.content = _grown(self.content, content)
+            else:
+                well_formed = self._apply_delta(delta)
         elif delta is not None:
             well_formed = False
-        finish_reason = as_str(choice.get("finish_reason"))
-        if finish_reason is not None:
+        finish_reason = choice.get("finish_reason")
+        if finish_reason is not None and as_str(finish_reason) is not None:
             self.finish_reason = finish_reason
         if choice.get("stop_reason") is not None:
             self.stop_reason = choice["stop_reason"]
@@ -195,13 +203,15 @@ class _ChoiceState:
             self._apply_logprobs(logprobs)
         elif logprobs is not None:
             well_formed = False
-        token_ids = _token_ids(choice.get("token_ids"))
-        if token_ids is not None and self.token_ids is not None:
-            self.token_ids.extend(token_ids)
-        elif token_ids is not None:
-            self.token_ids = token_ids
-        elif choice.get("token_ids") is not None:
-            well_formed = False
+        sent_ids = choice.get("token_ids")
+        if sent_ids is not None:
+            token_ids = _token_ids(sent_ids)
+            if token_ids is None:
+                well_formed = False
+            elif self.token_ids is not None:
+                self.token_ids.extend(token_ids)
+            else:
+                self.token_ids = token_ids
         return well_formed
 
     def _apply_delta(self, delta: dict[str, Any]) -> bool:
@@ -214,9 +224,10 @@ class _ChoiceState:
         self.refusal = _grown(self.refusal, refusal if isinstance(refusal, str) else None)
         # vLLM has sent both names at once with the same text, so one delta adds it once.
         named = (delta.get("reasoning_content"), delta.get("reasoning"))
-        texts = [text for text in named if isinstance(text, str)]
-        reasoning = next((text for text in texts if text), texts[0] if texts else None)
-        self.reasoning = _grown(self.reasoning, reasoning)
+        if named != (None, None):
+            texts = [text for text in named if isinstance(text, str)]
+            reasoning = next((text for text in texts if text), texts[0] if texts else None)
+            self.reasoning = _grown(self.reasoning, reasoning)
         tool_calls = delta.get("tool_calls")
         if isinstance(tool_calls, list):
             for tool_delta in tool_calls:
@@ -408,18 +419,19 @@ class ChatStreamAssembler:
 
     def _apply_chunk(self, chunk: dict[str, Any]) -> bool:
         well_formed = True
-        for key in ("id", "model"):
-            value = as_str(chunk.get(key))
-            if value is not None:
-                self._envelope[key] = value
+        envelope = self._envelope
+        for key in _ENVELOPE_TEXT_KEYS:
+            value = chunk.get(key)
+            if isinstance(value, str) and value:
+                envelope[key] = value
         created = as_count(chunk.get("created"))
         if created is not None:
-            self._envelope["created"] = created
-        for key in ("system_fingerprint", "service_tier"):
+            envelope["created"] = created
+        for key in _ENVELOPE_NULLABLE_KEYS:
             if key in chunk:
                 value = chunk[key]
-                if isinstance(value, str) or key not in self._envelope:
-                    self._envelope[key] = value if isinstance(value, str) else None
+                if isinstance(value, str) or key not in envelope:
+                    envelope[key] = value if isinstance(value, str) else None
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self._usage = dict(usage)

@@ -16,9 +16,12 @@ __all__ = ["SSEDecoder", "SSEEvent", "decode_sse"]
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SSEEvent:
-    """One dispatched event: its type (None when the stream named none), data, id and retry."""
+    """One dispatched event: its type (None when the stream named none), data, id and retry.
+
+    Not frozen: a frozen dataclass's `__init__` costs three times as much, once per streamed event.
+    """
 
     event: str | None
     data: str
@@ -55,6 +58,8 @@ class SSEDecoder:
         """Decode one chunk and return the events it completed."""
         if self._closed or not chunk:
             return []
+        if not (self._buffer or self._has_fields or self._pending_cr) and chunk.endswith(b"\n\n") and b"\r" not in chunk:
+            return self._feed_whole_events(chunk)
         if self._pending_cr:
             self._pending_cr = False
             if chunk[:1] == b"\n":
@@ -69,6 +74,28 @@ class SSEDecoder:
         if data.endswith(b"\r"):
             # A CR ends a line, but a LF in the next chunk may complete the same CRLF.
             self._pending_cr = True
+        return events
+
+    def _feed_whole_events(self, chunk: bytes) -> list[SSEEvent]:
+        """Decode a chunk of whole LF-ended events with nothing pending: how model servers send them.
+
+        An event of one `data:` line, or of an `event:` line then one `data:` line, is built
+        directly; any other event goes line by line. Same events as the general path.
+        """
+        events: list[SSEEvent] = []
+        for block in chunk[:-2].split(b"\n\n"):
+            if block.startswith(b"data: ") and b"\n" not in block:
+                events.append(SSEEvent(None, block[6:].decode("utf-8", errors="replace"), self._id))
+                continue
+            if block.startswith(b"event: ") and block.count(b"\n") == 1:
+                name, _, data = block.partition(b"\n")
+                if data.startswith(b"data: "):
+                    event = name[7:].decode("utf-8", errors="replace")
+                    events.append(SSEEvent(event, data[6:].decode("utf-8", errors="replace"), self._id))
+                    continue
+            for line in block.split(b"\n"):
+                self._process_line(line, events)
+            self._dispatch(events)
         return events
 
     def close(self) -> list[SSEEvent]:
