@@ -29,11 +29,32 @@ WAIT = 30.0
 
 
 class Worker:
-    """`serve` on a thread, fed through real pipes; `fdatasync` calls are recorded by path; `on_sync` may hold or fail one."""
+    """`serve` on a thread, fed through real pipes; `fdatasync` calls are recorded by path; `on_sync` may hold or fail one.
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, on_sync: Callable[[str], int] = lambda path: 0) -> None:
+    Batches are synced file by file unless `syncfs` is true; then `filesystem_syncs` counts the
+    syncfs calls, and `on_syncfs` may fail one with an errno.
+    """
+
+    def __init__(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        on_sync: Callable[[str], int] = lambda path: 0,
+        *,
+        syncfs: bool = False,
+        on_syncfs: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.synced: list[str] = []
+        self.filesystem_syncs = 0
         real = os.fdatasync
+        real_syncfs = sync_worker.FilesystemSync.sync
+
+        def counting_syncfs(filesystem: sync_worker.FilesystemSync, directory_fd: int, slower_than: float) -> int:
+            self.filesystem_syncs += 1
+            return on_syncfs() or real_syncfs(filesystem, directory_fd, slower_than)
+
+        if not syncfs:
+            monkeypatch.setattr(sync_worker, "SYNCFS_MIN_FILES", 1 << 30)
+        monkeypatch.setattr(sync_worker.FilesystemSync, "sync", counting_syncfs)
 
         def recording_fdatasync(fd: int) -> None:
             path = fd_path(fd)
@@ -87,6 +108,86 @@ def test_worker_syncs_every_requested_file_and_acknowledges_every_request(worker
     answers = worker.ask((1, first, False), (2, second, False), (3, first, False))
     assert answers == {1: 0, 2: 0, 3: 0}
     assert set(worker.synced) == {str(first), str(second)} and len(worker.synced) <= 3
+
+
+def write_files(directory: Path, count: int) -> list[Path]:
+    paths = [directory / f"f{index}.capture.jsonl" for index in range(count)]
+    for path in paths:
+        path.write_bytes(b"{}\n")
+    return paths
+
+
+def test_worker_makes_a_batch_of_several_files_durable_with_one_filesystem_sync(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    libc = sync_worker._load_libc()
+    if libc is None or libc.filesystem_type(os.fsencode(tmp_path)) not in sync_worker.SYNCFS_FILESYSTEMS:
+        pytest.skip("the temporary directory is not on a filesystem syncfs is used for")
+    worker = Worker(monkeypatch, syncfs=True)
+    try:
+        files = write_files(tmp_path, 5)
+        assert worker.ask(*[(index, path, index == 0) for index, path in enumerate(files)]) == dict.fromkeys(range(5), 0)
+        assert worker.filesystem_syncs == 1 and worker.synced == []
+        assert worker.ask((9, files[0], False)) == {9: 0}  # one file alone: its own fdatasync is cheaper
+        assert worker.filesystem_syncs == 1 and worker.synced == [str(files[0])]
+    finally:
+        worker.stop()
+
+
+def test_a_failed_filesystem_sync_falls_back_to_per_file_syncs_which_name_the_failure(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    files = write_files(tmp_path, 3)
+    worker = Worker(
+        monkeypatch,
+        on_sync=lambda path: errno.EIO if path == str(files[1]) else 0,
+        syncfs=True,
+        on_syncfs=lambda: errno.EIO,
+    )
+    try:
+        assert worker.ask(*[(index, path, False) for index, path in enumerate(files)]) == {0: 0, 1: errno.EIO, 2: 0}
+        assert sorted(worker.synced) == [str(files[0]), str(files[2])]
+    finally:
+        worker.stop()
+
+
+def test_a_slow_filesystem_sync_gives_way_to_per_file_syncs_until_its_retry_time(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """syncfs also flushes other programs' writes: when it is slower than per-file syncs, stop using it for a while."""
+    monkeypatch.setattr(sync_worker, "SYNCFS_SLOW_SECONDS", 0.0)  # every syncfs counts as slow
+    monkeypatch.setattr(sync_worker, "SYNCFS_RETRY_SECONDS", 3600.0)
+    monkeypatch.setattr(sync_worker._Libc, "filesystem_type", lambda libc, directory: 0xEF53)  # whatever tmp is
+    files = write_files(tmp_path, 3)
+    worker = Worker(monkeypatch, syncfs=True)
+    try:
+        worker.ask(*[(index, path, False) for index, path in enumerate(files)])
+        assert worker.filesystem_syncs == 1 and worker.synced == []
+        worker.ask(*[(10 + index, path, False) for index, path in enumerate(files)])
+        assert worker.filesystem_syncs == 1 and sorted(worker.synced) == sorted(map(str, files))
+    finally:
+        worker.stop()
+
+
+def test_syncfs_is_trusted_only_from_linux_5_8_which_reports_writeback_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    def uname(release: str) -> os.uname_result:
+        return os.uname_result(("Linux", "host", release, "#1", "x86_64"))
+
+    monkeypatch.setattr(os, "uname", lambda: uname("5.4.0-150-generic"))
+    assert sync_worker._load_libc() is None
+    monkeypatch.setattr(os, "uname", lambda: uname("6.18.44-fc"))
+    assert sync_worker._kernel_at_least(5, 8)
+
+
+def test_filesystems_outside_the_list_are_synced_file_by_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(sync_worker, "SYNCFS_FILESYSTEMS", frozenset())  # as for NFS or FUSE
+    files = write_files(tmp_path, 3)
+    worker = Worker(monkeypatch, syncfs=True)
+    try:
+        assert worker.ask(*[(index, path, False) for index, path in enumerate(files)]) == dict.fromkeys(range(3), 0)
+        assert worker.filesystem_syncs == 0 and sorted(worker.synced) == sorted(map(str, files))
+    finally:
+        worker.stop()
 
 
 def test_worker_needs_no_sync_for_a_file_a_clear_has_replaced_or_removed(worker: Worker, tmp_path: Path) -> None:

@@ -12,8 +12,14 @@ status): 0 when the file is durable, or when the path now names another file (a 
 the one written, so there is nothing left to make durable); otherwise the errno of the failure.
 Acknowledgements come in the order syncs finish, not the order of the requests.
 
-While syncs are fast (a recent average under `FAST_SYNC_SECONDS`), a batch is synced right on
-the reading thread, file after file: no thread hand-offs, the cheapest path. Once they are slow,
+A batch of several files on an ext4, xfs, btrfs, f2fs or tmpfs filesystem is made durable with one
+`syncfs`: one journal commit and one cache flush instead of one per file (at 30 files, a fifth of
+the CPU time and a third of the wait, on this project's test machine). It also flushes what other
+programs wrote to that filesystem, so while it is slower than syncing the files one by one would
+be, the helper goes back to per-file syncs and tries again after `SYNCFS_RETRY_SECONDS`.
+
+Otherwise, while syncs are fast (a recent average under `FAST_SYNC_SECONDS`), a batch is synced
+right on the reading thread, file after file: no thread hand-offs, the cheapest path. Once they are slow,
 files are synced in parallel on up to `MAX_THREADS` threads: concurrent fdatasyncs of different
 files share the filesystem's journal commits, so on a slow disk 128 rollouts cost about one sync,
 not 128 in a row. Requests for a file that is being synced wait for its next sync (their bytes
@@ -30,12 +36,24 @@ import threading
 import time
 from collections import OrderedDict
 
+TYPE_CHECKING = False  # typing itself costs the helper's start-up about 8 ms
+if TYPE_CHECKING:
+    from typing import Any
+
 REQUEST = struct.Struct("<QQQHB")
 ACK = struct.Struct("<QI")
 NEW_FILE = 1
 MAX_THREADS = 32
 FAST_SYNC_SECONDS = 0.0005
 IDLE_FILES_KEPT_OPEN = 256
+SYNCFS_MIN_FILES = 2
+SYNCFS_SLOW_SECONDS = 0.005
+SYNCFS_RETRY_SECONDS = 5.0
+
+# Filesystems whose syncfs(2) commits their journal (or has nothing to commit) and flushes the
+# disk's cache: afterwards every byte written before the call is durable, directory entries
+# included. Network and FUSE filesystems are left to per-file syncs.
+SYNCFS_FILESYSTEMS = frozenset({0xEF53, 0x58465342, 0x9123683E, 0xF2F52010, 0x01021994})
 
 
 def parse_requests(buffer: bytearray) -> list[tuple[int, tuple[int, int], bytes, int]]:
@@ -106,6 +124,100 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+class FilesystemSync:
+    """syncfs(2) through a directory descriptor per filesystem, where the filesystem allows it."""
+
+    def __init__(self) -> None:
+        self._libc: _Libc | None = None
+        self._libc_loaded = False
+        self._directories: dict[int, int | None] = {}  # st_dev -> directory descriptor, None: not allowed
+        self.average_seconds = 0.0
+        self._retry_at = 0.0
+
+    def allowed(self) -> bool:
+        return self.average_seconds < SYNCFS_SLOW_SECONDS or time.monotonic() >= self._retry_at
+
+    def directory_for(self, device: int, path: bytes) -> int | None:
+        """A descriptor to sync `device` through (the directory of `path`), or None if it may not be."""
+        if device not in self._directories:
+            self._directories[device] = self._open_directory(device, os.path.dirname(path) or b".")
+        return self._directories[device]
+
+    def sync(self, directory_fd: int, slower_than: float) -> int:
+        """syncfs the filesystem of `directory_fd`; 0 or the errno. Backs off when it took longer
+        than both `slower_than` (what per-file syncs would have taken) and `SYNCFS_SLOW_SECONDS`."""
+        started = time.monotonic()
+        assert self._libc is not None  # a directory was opened for it
+        status = 0 if self._libc.syncfs(directory_fd) == 0 else (self._libc.get_errno() or 5)
+        elapsed = time.monotonic() - started
+        self.average_seconds += (elapsed - self.average_seconds) / 4
+        if elapsed > max(SYNCFS_SLOW_SECONDS, slower_than):
+            self.average_seconds = max(self.average_seconds, SYNCFS_SLOW_SECONDS)
+            self._retry_at = started + SYNCFS_RETRY_SECONDS
+        return status
+
+    def _open_directory(self, device: int, directory: bytes) -> int | None:
+        if not self._libc_loaded:
+            self._libc, self._libc_loaded = _load_libc(), True
+        if self._libc is None or self._libc.filesystem_type(directory) not in SYNCFS_FILESYSTEMS:
+            return None
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        if os.fstat(fd).st_dev != device:
+            os.close(fd)
+            return None
+        return fd
+
+    def close(self) -> None:
+        for fd in self._directories.values():
+            if fd is not None:
+                os.close(fd)
+        self._directories.clear()
+
+
+class _Libc:
+    """The C library calls a filesystem sync needs, through ctypes (imported only when first needed)."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        library = ctypes.CDLL(None, use_errno=True)
+        self.syncfs: Any = library.syncfs  # AttributeError where the C library has none
+        self.statfs: Any = library.statfs
+        self.get_errno = ctypes.get_errno
+        self._statfs_buffer = ctypes.create_string_buffer(256)  # larger than any struct statfs
+        self._long = ctypes.c_long
+
+    def filesystem_type(self, directory: bytes) -> int | None:
+        """`f_type` from statfs(2): the struct's first field, a C long on Linux."""
+        if self.statfs(directory, self._statfs_buffer) != 0:
+            return None
+        return int(self._long.from_buffer(self._statfs_buffer).value) & 0xFFFFFFFF
+
+
+def _load_libc() -> _Libc | None:
+    """None where syncfs cannot be trusted: before Linux 5.8 it did not report writeback errors."""
+    if not _kernel_at_least(5, 8):
+        return None
+    try:
+        return _Libc()
+    except (ImportError, OSError, AttributeError):
+        return None
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    system = os.uname()
+    if system.sysname != "Linux":
+        return False
+    try:
+        found = tuple(int(part) for part in system.release.split("-")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return found >= (major, minor)
+
+
 class Syncer:
     """Syncs requested files on a pool of threads and writes each request's acknowledgement."""
 
@@ -122,6 +234,7 @@ class Syncer:
         self._unanswered = 0
         self._ack_lock = threading.Lock()
         self.average_sync_seconds = 0.0
+        self.filesystem = FilesystemSync()
 
     def request(self, job_id: int, key: tuple[int, int], path: bytes, flags: int) -> None:
         with self._lock:
@@ -182,6 +295,27 @@ class Syncer:
         self.average_sync_seconds += (elapsed - self.average_sync_seconds) / 8  # a racy update only blurs it
         return status
 
+    def sync_filesystem(self, requests: list[tuple[int, tuple[int, int], bytes, int]]) -> bool:
+        """Make a batch of several files on one filesystem durable with one syncfs, when it may be
+        used; False to sync the files one by one instead.
+
+        A thread may be syncing one of these files meanwhile: the syncfs starts after every byte
+        of this batch was written, so it covers them whatever that thread's sync does. While it
+        runs, new requests queue in the pipe, and the next batch takes them all.
+        """
+        files = {key for _, key, _, _ in requests}
+        devices = {device for device, _ in files}
+        if len(files) < SYNCFS_MIN_FILES or len(devices) != 1 or not self.filesystem.allowed():
+            return False
+        directory_fd = self.filesystem.directory_for(devices.pop(), requests[0][2])
+        if directory_fd is None:
+            return False
+        if self.filesystem.sync(directory_fd, slower_than=2 * len(files) * self.average_sync_seconds) != 0:
+            return False  # the files one by one say which of them failed
+        with self._ack_lock:
+            _write_all(self._acks_fd, b"".join(ACK.pack(job_id, 0) for job_id, _, _, _ in requests))
+        return True
+
     def sync_here(self, requests: list[tuple[int, tuple[int, int], bytes, int]]) -> bool:
         """Sync a batch on the calling thread, file after file, when syncs are fast and no thread
         is syncing (one could hold a file of this batch); False to hand it to the threads."""
@@ -224,6 +358,7 @@ class Syncer:
             self._ready.put(None)
         for thread in self._threads:
             thread.join()
+        self.filesystem.close()
 
 
 def serve(requests_fd: int, acks_fd: int, max_threads: int = MAX_THREADS) -> None:
@@ -233,7 +368,7 @@ def serve(requests_fd: int, acks_fd: int, max_threads: int = MAX_THREADS) -> Non
         while data := os.read(requests_fd, 1 << 16):
             buffer += data
             requests = parse_requests(buffer)
-            if not syncer.sync_here(requests):
+            if not syncer.sync_filesystem(requests) and not syncer.sync_here(requests):
                 for job_id, key, path, flags in requests:
                     syncer.request(job_id, key, path, flags)
     finally:
