@@ -599,3 +599,15 @@ def test_syncs_on_the_loop_stop_while_the_disk_is_slow_and_are_tried_again_later
         now[0] += gate.RETRY_SECONDS
         gate.took(0.0001)
     assert gate._average < gate.SLOW_SECONDS
+
+
+def test_a_turns_sync_requests_leave_with_the_turns_write_not_a_loop_turn_later(store: CaptureStore) -> None:
+    async def main() -> None:
+        appends = [asyncio.ensure_future(store.append_async(f"r{k}", make_record(k))) for k in range(3)]
+        await asyncio.sleep(0)  # the appends run; the first schedules the turn's writer
+        await asyncio.sleep(0)  # the writer has run: lines written, sync requests sent with it
+        assert store._offload._outbox == [] and not store._offload._flush_scheduled
+        await asyncio.gather(*appends)
+
+    asyncio.run(main())
+    assert [len(store.read(f"r{k}", strict=True).entries) for k in range(3)] == [1, 1, 1]

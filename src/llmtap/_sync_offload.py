@@ -62,10 +62,13 @@ class SyncOffload(Generic[T]):
         self._flush_scheduled = False
         self._finalizer: weakref.finalize[..., SyncOffload[T]] | None = None
 
-    def submit(self, token: T, path: str, inode: tuple[int, int], new_file: bool) -> bool:
+    def submit(self, token: T, path: str, inode: tuple[int, int], new_file: bool, *, batched: bool = False) -> bool:
         """Ask the helper to sync `path` (which must still be `inode`); False to sync it another way.
 
         Call on the thread of a running event loop: its selector delivers the acknowledgement.
+        The request is sent at the end of this turn of the loop, with the turn's others; a caller
+        submitting a batch itself passes `batched=True` and calls `flush()` after the last one,
+        which sends them a turn sooner.
         """
         if self._closed or not self._usable:
             return False
@@ -79,11 +82,15 @@ class SyncOffload(Generic[T]):
             self._pending[job_id] = token
             self._outbox.append(REQUEST.pack(job_id, inode[0], inode[1], len(encoded), NEW_FILE if new_file else 0))
             self._outbox.append(encoded)
-            if self._flush_scheduled:
+            if self._flush_scheduled or batched:
                 return True
             self._flush_scheduled = True
         loop.call_soon(self._flush)
         return True
+
+    def flush(self) -> None:
+        """Send the requests submitted so far now (see `submit`)."""
+        self._flush()
 
     def _flush(self) -> None:
         """Send every request queued during this turn of the loop with one write.

@@ -332,6 +332,7 @@ class CaptureStore:
                 for entry in self._write_now(rollout_id, entries, sync_here=alone):
                     self._enqueue(rollout_id, entry)
         finally:
+            self._offload.flush()  # the turn's sync requests, in one write, without waiting a turn
             with self._turn_lines_cond:
                 self._turn_lines_waiting -= sum(len(entries) for entries in turn.values())
                 self._turn_lines_cond.notify_all()
@@ -396,7 +397,7 @@ class CaptureStore:
         finally:
             files.mutex.release()
         path = self._sibling(rollout_id, DATA_SUFFIX)
-        if not self._offload.submit(job, path, job.inode, job.new_file):
+        if not self._offload.submit(job, path, job.inode, job.new_file, batched=True):
             self._sync_on_threads(job)
         return late
 
