@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import resource
 import sys
 
 import uvicorn
@@ -11,7 +12,11 @@ from .asgi import ASGIApp
 from .config import ServeConfig
 from .proxy import build_app
 
-__all__ = ["run_server", "uvicorn_config"]
+__all__ = ["raise_open_file_limit", "run_server", "uvicorn_config"]
+
+# Enough descriptors for thousands of client and upstream connections and the capture store's
+# open rollouts (two descriptors each, kept within an eighth of the limit).
+_WANTED_OPEN_FILES = 65536
 
 
 def uvicorn_config(config: ServeConfig, app: ASGIApp | None = None) -> uvicorn.Config:
@@ -39,8 +44,27 @@ def uvicorn_config(config: ServeConfig, app: ASGIApp | None = None) -> uvicorn.C
     )
 
 
+def raise_open_file_limit(wanted: int = _WANTED_OPEN_FILES) -> int:
+    """Raise this process's soft limit on open files towards `wanted`, within the hard limit; never lower it.
+
+    Many systems start processes at 1,024 descriptors. The capture store keeps the files of at
+    most an eighth of the limit's worth of rollouts open, 64 there: with more rollouts in
+    progress than that, every append would reopen its files. Returns the soft limit now in force.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            return soft
+        return target
+    return soft
+
+
 def run_server(config: ServeConfig) -> None:
     """Serve until interrupted, printing where it listens and where it captures."""
+    raise_open_file_limit()
     capture = config.model_call_capture_dir if config.observability_enabled else "off"
     upstreams = ", ".join(f"{name}={u.base_url}" for name, u in config.upstreams.items())
     print(
