@@ -179,6 +179,38 @@ def test_syncfs_is_trusted_only_from_linux_5_8_which_reports_writeback_errors(mo
     assert sync_worker._kernel_at_least(5, 8)
 
 
+def test_a_filesystem_that_stays_slow_is_tried_again_less_and_less_often() -> None:
+    clock = [1000.0]
+    took = [1.0]  # seconds each syncfs takes
+
+    class FakeLibc:
+        def syncfs(self, fd: int) -> int:
+            clock[0] += took[0]
+            return 0
+
+        def get_errno(self) -> int:
+            return 0
+
+    filesystem = sync_worker.FilesystemSync(clock=lambda: clock[0])
+    filesystem._libc = FakeLibc()  # type: ignore[assignment]
+
+    def sync_then_wait() -> float:
+        """Sync once; return how long syncfs stays refused afterwards."""
+        assert filesystem.allowed()
+        began = clock[0]
+        filesystem.sync(0, slower_than=0.0)
+        while not filesystem.allowed():
+            clock[0] += 0.5
+        return clock[0] - began
+
+    assert [sync_then_wait() for _ in range(4)] == [5.0, 10.0, 20.0, 40.0]
+    took[0] = 0.0
+    while filesystem.average_seconds >= sync_worker.SYNCFS_SLOW_SECONDS:  # fast again: the average falls
+        sync_then_wait()
+    took[0] = 1.0
+    assert sync_then_wait() == 5.0  # and the next slow one waits the shortest time again
+
+
 def test_filesystems_outside_the_list_are_synced_file_by_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(sync_worker, "SYNCFS_FILESYSTEMS", frozenset())  # as for NFS or FUSE
     files = write_files(tmp_path, 3)

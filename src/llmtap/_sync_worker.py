@@ -16,7 +16,8 @@ A batch of several files on an ext4, xfs, btrfs, f2fs or tmpfs filesystem is mad
 `syncfs`: one journal commit and one cache flush instead of one per file (at 30 files, a fifth of
 the CPU time and a third of the wait, on this project's test machine). It also flushes what other
 programs wrote to that filesystem, so while it is slower than syncing the files one by one would
-be, the helper goes back to per-file syncs and tries again after `SYNCFS_RETRY_SECONDS`.
+be, the helper goes back to per-file syncs and tries again after `SYNCFS_RETRY_SECONDS`, twice as
+long after each slow one in a row (at most `SYNCFS_LONGEST_RETRY_SECONDS`).
 
 Otherwise, while syncs are fast (a recent average under `FAST_SYNC_SECONDS`), a batch is synced
 right on the reading thread, file after file: no thread hand-offs, the cheapest path. Once they are slow,
@@ -38,6 +39,7 @@ from collections import OrderedDict
 
 TYPE_CHECKING = False  # typing itself costs the helper's start-up about 8 ms
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 REQUEST = struct.Struct("<QQQHB")
@@ -49,6 +51,7 @@ IDLE_FILES_KEPT_OPEN = 256
 SYNCFS_MIN_FILES = 2
 SYNCFS_SLOW_SECONDS = 0.005
 SYNCFS_RETRY_SECONDS = 5.0
+SYNCFS_LONGEST_RETRY_SECONDS = 300.0
 
 # Filesystems whose syncfs(2) commits their journal (or has nothing to commit) and flushes the
 # disk's cache: afterwards every byte written before the call is durable, directory entries
@@ -127,15 +130,17 @@ def _write_all(fd: int, data: bytes) -> None:
 class FilesystemSync:
     """syncfs(2) through a directory descriptor per filesystem, where the filesystem allows it."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._libc: _Libc | None = None
         self._libc_loaded = False
         self._directories: dict[int, int | None] = {}  # st_dev -> directory descriptor, None: not allowed
         self.average_seconds = 0.0
         self._retry_at = 0.0
+        self._backoff = SYNCFS_RETRY_SECONDS
 
     def allowed(self) -> bool:
-        return self.average_seconds < SYNCFS_SLOW_SECONDS or time.monotonic() >= self._retry_at
+        return self.average_seconds < SYNCFS_SLOW_SECONDS or self._clock() >= self._retry_at
 
     def directory_for(self, device: int, path: bytes) -> int | None:
         """A descriptor to sync `device` through (the directory of `path`), or None if it may not be."""
@@ -146,14 +151,19 @@ class FilesystemSync:
     def sync(self, directory_fd: int, slower_than: float) -> int:
         """syncfs the filesystem of `directory_fd`; 0 or the errno. Backs off when it took longer
         than both `slower_than` (what per-file syncs would have taken) and `SYNCFS_SLOW_SECONDS`."""
-        started = time.monotonic()
+        started = self._clock()
         assert self._libc is not None  # a directory was opened for it
         status = 0 if self._libc.syncfs(directory_fd) == 0 else (self._libc.get_errno() or 5)
-        elapsed = time.monotonic() - started
+        elapsed = self._clock() - started
         self.average_seconds += (elapsed - self.average_seconds) / 4
         if elapsed > max(SYNCFS_SLOW_SECONDS, slower_than):
+            # Each slow one in a row waits twice as long before the next try, so a filesystem
+            # that stays busy with other programs' writes costs one slow batch per few minutes.
             self.average_seconds = max(self.average_seconds, SYNCFS_SLOW_SECONDS)
-            self._retry_at = started + SYNCFS_RETRY_SECONDS
+            self._retry_at = started + self._backoff
+            self._backoff = min(self._backoff * 2, SYNCFS_LONGEST_RETRY_SECONDS)
+        elif self.average_seconds < SYNCFS_SLOW_SECONDS:
+            self._backoff = SYNCFS_RETRY_SECONDS
         return status
 
     def _open_directory(self, device: int, directory: bytes) -> int | None:
