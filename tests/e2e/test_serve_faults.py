@@ -14,7 +14,7 @@ from llmtap.readers import read_rollout_calls
 from llmtap.records import ModelCallRecord
 from llmtap.store import CaptureStore
 from tests.e2e.serve_harness import serving
-from tests.support.faults import FaultUpstream, refused_port
+from tests.support.faults import SET_COOKIE, FaultUpstream, refused_port
 
 CHAT = {"model": "gpt-4", "messages": [{"role": "user", "content": "Say this is a test"}]}
 
@@ -130,3 +130,19 @@ def test_unwritable_capture_is_counted_marked_and_invisible_to_the_client(
     assert completion.choices[0].message.content
     assert health.snapshot()["record_write_failed"] == 1
     assert store.marker_path_for("blocked").exists()
+
+
+def test_a_cookie_the_upstream_sets_goes_to_its_client_and_never_to_the_next_caller(
+    fault_upstream: FaultUpstream, tmp_path: Path
+) -> None:
+    """The proxy's upstream pool is shared by every client: it must not keep cookies between calls.
+
+    The upstream is named by host name: a cookie jar drops cookies of bare IP addresses anyway.
+    """
+    upstream = fault_upstream.url("set-cookie").replace("://127.0.0.1:", "://localhost:")
+    with serving(upstream, tmp_path) as (server, _):
+        with httpx.Client(trust_env=False) as first, httpx.Client(trust_env=False) as second:
+            answered = first.post(f"{server.base_url}/ng-rollout/cookie-a/v1/chat/completions", json=CHAT)
+            second.post(f"{server.base_url}/ng-rollout/cookie-b/v1/chat/completions", json=CHAT)
+    assert answered.status_code == 200 and answered.headers["set-cookie"] == SET_COOKIE
+    assert [request.headers.get("cookie") for request in fault_upstream.received] == [None, None]

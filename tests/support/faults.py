@@ -21,6 +21,8 @@ or, for a path without that prefix, by the header `x-fault: <fault>`. The faults
 | `no-terminal`         | 200 SSE: the stream recording without its last event (`[DONE]`,              |
 |                       | `response.completed`, `message_stop`), ended cleanly                          |
 | `not-json`            | 200 `application/json` whose body is not JSON                                 |
+| `set-cookie`          | the normal answer with a `set-cookie` header, as load balancers send (a proxy |
+|                       | must pass it to its client, never keep it for the next caller)               |
 
 The normal answer is a recorded real exchange for the remaining path (`/v1/chat/completions`,
 `/v1/responses`, `/v1/messages`): its stream recording when the request body has
@@ -78,7 +80,7 @@ NOT_JSON_BODY = b"<html><body>upstream hiccup: this body is not JSON</body></htm
 
 _FAULT_PATH = re.compile(r"^/fault/([^/]+)(/.*)?$")
 _FAULT_SPEC = re.compile(
-    r"^(?:(?P<plain>ok|no-terminal|not-json)"
+    r"^(?:(?P<plain>ok|no-terminal|not-json|set-cookie)"
     r"|status-(?P<status>[1-5]\d\d)"
     r"|(?P<cut>reset|close)-after-(?P<count>\d+)"
     r"|stall-(?P<stall>first|between)-(?P<seconds>\d+(?:\.\d+)?))$"
@@ -275,7 +277,7 @@ class FaultUpstream(StopsOnExit):
         if fault.kind == "stall-first":
             await asyncio.sleep(fault.number)
         length = None if answer.is_stream else sum(len(piece) for piece in answer.pieces)
-        writer.write(_head(answer.status, answer.content_type, length))
+        writer.write(_head(answer.status, answer.content_type, length, cookie=fault.kind == "set-cookie"))
         pieces = answer.pieces
         if fault.kind in ("reset-after", "close-after"):
             pieces = pieces[: int(fault.number)]
@@ -367,12 +369,16 @@ def _error_body(status: int, api_path: str) -> bytes:
     return json.dumps(error).encode("utf-8")
 
 
-def _head(status: int, content_type: str, length: int | None) -> bytes:
+SET_COOKIE = "lb_session=injected-by-upstream; Path=/; HttpOnly"
+
+
+def _head(status: int, content_type: str, length: int | None, *, cookie: bool = False) -> bytes:
     lines = [
         f"HTTP/1.1 {status} {_reason(status)}",
         f"content-type: {content_type}",
         "connection: close",
         ("transfer-encoding: chunked" if length is None else f"content-length: {length}"),
+        *([f"set-cookie: {SET_COOKIE}"] if cookie else []),
     ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 

@@ -89,6 +89,9 @@ class AiohttpTransport:
                 auto_decompress=False,
                 skip_auto_headers=_NO_AUTO_HEADERS,
                 trust_env=False,
+                # One pool serves every client: a cookie one upstream answer sets must reach that
+                # client only, never ride along on the next caller's request.
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session
 
