@@ -146,3 +146,22 @@ def test_a_cookie_the_upstream_sets_goes_to_its_client_and_never_to_the_next_cal
             second.post(f"{server.base_url}/ng-rollout/cookie-b/v1/chat/completions", json=CHAT)
     assert answered.status_code == 200 and answered.headers["set-cookie"] == SET_COOKIE
     assert [request.headers.get("cookie") for request in fault_upstream.received] == [None, None]
+
+
+def test_the_upstream_gets_the_path_and_query_exactly_as_the_client_encoded_them(
+    fault_upstream: FaultUpstream, tmp_path: Path
+) -> None:
+    """Nothing is decoded or re-encoded on the way: an encoded slash in a deployment name stays one
+    segment, `%7E` and `%2C` stay as sent. (The deployment path is no dialect path: forwarded, not captured.)"""
+    targets = [
+        "/v1/chat/completions?api-version=2024-02-01&tags=a%2Cb&q=x+y",
+        "/v1/deployments/team%2Fgpt%7E4/chat/completions?api-version=2024-02-01",
+    ]
+    store = CaptureStore(tmp_path)
+    with serving(fault_upstream.url("ok"), tmp_path) as (server, _):
+        with httpx.Client(trust_env=False) as http:
+            answers = [http.post(f"{server.base_url}/ng-rollout/encoded{target}", json=CHAT) for target in targets]
+    assert [answer.status_code for answer in answers] == [200, 200]
+    assert [request.path for request in fault_upstream.received] == ["/fault/ok" + target for target in targets]
+    [record] = read_rollout_calls(store, "encoded").records
+    assert record.status_code == 200

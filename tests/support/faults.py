@@ -109,7 +109,7 @@ class Fault:
 
 @dataclass(frozen=True)
 class ReceivedFault:
-    """One request as the fault upstream received it."""
+    """One request as the fault upstream received it; `path` is the request target, query included."""
 
     method: str
     path: str
@@ -302,12 +302,13 @@ class FaultUpstream(StopsOnExit):
 
 
 def _select_fault(request: ReceivedFault) -> tuple[Fault, str]:
-    found = _FAULT_PATH.match(request.path)
+    path = request.path.partition("?")[0]  # `received` keeps the whole target, query and all
+    found = _FAULT_PATH.match(path)
     if found is not None:
         return parse_fault(found[1]), found[2] or "/"
     named = request.headers.get(FAULT_HEADER)
     if named is not None:
-        return parse_fault(named), request.path
+        return parse_fault(named), path
     raise _NotServed(
         f"The request to {request.path!r} names no fault; prefix the path with /fault/<fault>/ "
         f"or send the {FAULT_HEADER} header."
@@ -409,4 +410,4 @@ async def _read_request(reader: asyncio.StreamReader) -> ReceivedFault | None:
             headers[name.strip().lower()] = value.strip()
     length = int(headers.get("content-length", "0"))
     body = await reader.readexactly(length) if length else b""
-    return ReceivedFault(method, target.split("?", 1)[0], headers, body)
+    return ReceivedFault(method, target, headers, body)

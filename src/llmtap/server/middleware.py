@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from typing import Any, Mapping
+from urllib.parse import quote
 
 import orjson
 
@@ -378,8 +379,8 @@ def _strip_prefix(scope: Scope, rest: str) -> Scope:
     raw_path = scope.get("raw_path")
     if isinstance(raw_path, bytes) and raw_path.startswith(prefix):
         new_raw: bytes = raw_path[len(prefix) :]
-    else:
-        new_raw = rest.encode("utf-8")
+    else:  # the client encoded the prefix some other way: encode the rest afresh
+        new_raw = quote(rest).encode("ascii")
     return {**scope, "path": rest, "raw_path": new_raw}
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 
@@ -180,7 +181,7 @@ class _Forwarding:
                 return
 
     async def _forward(self, body: bytes) -> None:
-        url = upstream_url(self.upstream.config.base_url, self.scope["path"], self.scope.get("query_string", b""))
+        url = upstream_url(self.upstream.config.base_url, _request_target_path(self.scope), self.scope.get("query_string", b""))
         try:
             response = await self.upstream.transport.send(self.scope["method"], url, self._request_headers(), body)
         except UpstreamUnreachable as exc:
@@ -223,6 +224,15 @@ class _Forwarding:
             }
         )
         await self.send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+def _request_target_path(scope: Scope) -> str:
+    """The path as the client encoded it (`raw_path`): `path` is percent-decoded, so an encoded
+    `/` in a deployment name would split it, and `%7E` would reach the upstream as `~`."""
+    raw_path = scope.get("raw_path")
+    if isinstance(raw_path, bytes) and raw_path:
+        return raw_path.decode("latin-1")
+    return quote(scope["path"])
 
 
 def _response_headers(response: UpstreamResponse) -> list[tuple[bytes, bytes]]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Protocol
 
 import aiohttp
+import yarl
 
 __all__ = ["AiohttpTransport", "UpstreamResponse", "UpstreamTransport", "UpstreamUnreachable"]
 
@@ -100,7 +101,8 @@ class AiohttpTransport:
         text_headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
         try:
             response = await self._open().request(
-                method, url, headers=text_headers, data=body, allow_redirects=False, compress=None
+                # encoded: the URL is sent as given, not normalized (`%7E` stays `%7E`).
+                method, yarl.URL(url, encoded=True), headers=text_headers, data=body, allow_redirects=False, compress=None
             )
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise UpstreamUnreachable(exc, timed_out=isinstance(exc, asyncio.TimeoutError)) from exc
