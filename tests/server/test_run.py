@@ -7,13 +7,21 @@ import re
 import resource
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
+from llmtap.readers import read_rollout_calls
 from llmtap.server import run
 from llmtap.server.run import raise_open_file_limit
+from llmtap.store import CaptureStore
+from tests.support.faults import FaultUpstream
 from tests.support.servers import free_port
+
+CHAT = {"model": "gpt-4", "messages": [{"role": "user", "content": "Say this is a test"}]}
 
 
 def _soft_open_files(pid: int) -> int:
@@ -55,3 +63,62 @@ def test_the_limit_is_never_lowered() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert raise_open_file_limit(wanted=16) == soft
     assert resource.getrlimit(resource.RLIMIT_NOFILE) == (soft, hard)
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux /proc")
+def test_serve_with_workers_shares_one_port_and_one_capture_directory(fault_upstream: FaultUpstream, tmp_path: Path) -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llmtap", "serve", "--workers", "2", "--upstream", fault_upstream.url("ok"),
+         "--capture-dir", str(tmp_path), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stderr is not None
+        assert b"workers: 2" in process.stderr.readline()
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(base + "/health-of-nothing", timeout=1, trust_env=False)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+
+        def call(index: int) -> int:
+            with httpx.Client(trust_env=False, timeout=30) as http:
+                return http.post(f"{base}/ng-rollout/w{index % 6}/v1/chat/completions", json=CHAT).status_code
+
+        with ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(call, range(48)))
+        assert statuses == [200] * 48
+        workers = _children(process.pid)
+        assert len([pid for pid in workers if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]) == 2
+        store = CaptureStore(tmp_path)
+        assert sum(len(read_rollout_calls(store, f"w{k}").records) for k in range(6)) == 48
+    finally:
+        process.terminate()
+        assert process.wait(timeout=60) == 0  # every worker shut down cleanly
+        if process.stderr is not None:
+            process.stderr.close()
+    assert not list(tmp_path.glob("*.capture.incomplete"))
+
+
+def test_a_capsule_is_recorded_by_one_process(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from llmtap.cli.serve import serve
+
+    result = CliRunner().invoke(
+        serve, ["--capsule", "--capsule-dir", str(tmp_path), "--workers", "2", "--upstream", "http://127.0.0.1:9"]
+    )
+    assert result.exit_code == 2 and "one process" in result.output
+    assert not list(tmp_path.iterdir())

@@ -22,6 +22,7 @@ __all__ = ["serve"]
 @click.option("--model-ref", help="Name for the --upstream's model_ref (type responses_api_models).")
 @click.option("--host", help="Address to bind (default 127.0.0.1).")
 @click.option("--port", type=int, help="Port to bind (default 8787).")
+@click.option("--workers", type=click.IntRange(min=1, max=256), help="Server processes sharing the port (default 1).")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 def serve(
     config_path: Path | None,
@@ -33,6 +34,7 @@ def serve(
     model_ref: str | None,
     host: str | None,
     port: int | None,
+    workers: int | None,
     overrides: tuple[str, ...],
 ) -> None:
     """Run a capturing proxy; point an SDK's base_url at it with a /ng-rollout/<id> prefix.
@@ -58,10 +60,14 @@ def serve(
         defaults["host"] = host
     if port is not None:
         defaults["port"] = port
+    if workers is not None:
+        defaults["workers"] = workers
     if capsule and capture_dir is not None:
         raise click.UsageError("Use --capsule or --capture-dir, not both: a capsule keeps its calls in its own calls/ folder.")
     try:
         config = load_serve_config(config_path, overrides, settings=defaults)
+        if capsule and config.workers > 1:
+            raise click.UsageError("A capsule is recorded by one process: drop --workers (or ++workers) with --capsule.")
         if capsule:
             from ..capsule.serve import serve_into_capsule
 

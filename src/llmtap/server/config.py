@@ -83,6 +83,8 @@ class ServeConfig(BaseModel):
     # generation calls without an /ng-sampling/ segment (or x-ng-sampling header) get a 400.
     require_model_sampling: bool = False
     log_level: str = "warning"
+    # Server processes sharing the port (and the capture directory): one event loop is one core.
+    workers: int = Field(default=1, ge=1, le=256)
 
     @model_validator(mode="after")
     def _check(self) -> ServeConfig:

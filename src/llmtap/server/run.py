@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import resource
 import sys
+from typing import Any
 
 import uvicorn
 
@@ -12,7 +14,7 @@ from .asgi import ASGIApp
 from .config import ServeConfig
 from .proxy import build_app
 
-__all__ = ["raise_open_file_limit", "run_server", "uvicorn_config"]
+__all__ = ["app_from_environment", "raise_open_file_limit", "run_server", "uvicorn_config"]
 
 # Enough descriptors for thousands of client and upstream connections and the capture store's
 # open rollouts (two descriptors each, kept within an eighth of the limit).
@@ -21,27 +23,40 @@ _WANTED_OPEN_FILES = 65536
 
 def uvicorn_config(config: ServeConfig, app: ASGIApp | None = None) -> uvicorn.Config:
     """Return the uvicorn settings llmtap serves `app` with (by default the proxy `config`
-    describes): fast HTTP parser when installed, no access log.
+    describes) in one process."""
+    return uvicorn.Config(app if app is not None else build_app(config), **_uvicorn_settings(config))
+
+
+def _uvicorn_settings(config: ServeConfig) -> dict[str, Any]:
+    """Fast HTTP parser when installed, no access log.
 
     uvicorn adds `date` and `server` headers to every response unless told not to, which would
     put a second `date` and a `server: uvicorn` in front of the upstream's own: the client must
     get the upstream's headers (hop-by-hop ones aside), so both are off. X-Forwarded-* rewriting
     is off too: llmtap reads no client address.
     """
-    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
-    return uvicorn.Config(
-        app if app is not None else build_app(config),
-        host=config.host,
-        port=config.port,
-        http=http,
-        lifespan="on",
-        access_log=False,
-        log_level=config.log_level,
-        timeout_keep_alive=75,
-        server_header=False,
-        date_header=False,
-        proxy_headers=False,
-    )
+    return {
+        "host": config.host,
+        "port": config.port,
+        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
+        "lifespan": "on",
+        "access_log": False,
+        "log_level": config.log_level,
+        "timeout_keep_alive": 75,
+        "server_header": False,
+        "date_header": False,
+        "proxy_headers": False,
+    }
+
+
+# How `run_server` hands its validated configuration to the worker processes it starts.
+_CONFIG_VARIABLE = "LLMTAP_SERVE_CONFIG"
+
+
+def app_from_environment() -> ASGIApp:
+    """The app of one worker process of `llmtap serve --workers N`, built from the configuration
+    its parent validated (upstream keys are still read from their own variables)."""
+    return build_app(ServeConfig.model_validate_json(os.environ[_CONFIG_VARIABLE]))
 
 
 def raise_open_file_limit(wanted: int = _WANTED_OPEN_FILES) -> int:
@@ -67,9 +82,27 @@ def run_server(config: ServeConfig) -> None:
     raise_open_file_limit()
     capture = config.model_call_capture_dir if config.observability_enabled else "off"
     upstreams = ", ".join(f"{name}={u.base_url}" for name, u in config.upstreams.items())
+    workers = f"  workers: {config.workers}" if config.workers > 1 else ""
     print(
-        f"llmtap serve on http://{config.host}:{config.port}  upstreams: {upstreams}  capture: {capture}",
+        f"llmtap serve on http://{config.host}:{config.port}  upstreams: {upstreams}  capture: {capture}{workers}",
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.Server(uvicorn_config(config)).run()
+    if config.workers == 1:
+        uvicorn.Server(uvicorn_config(config)).run()
+        return
+    # Each worker is its own process with its own store and sync helper; the store's locks make
+    # them share the capture directory safely. Building the app here first reports a bad
+    # directory or a missing key once, before any worker starts.
+    _check_app_builds(config)
+    os.environ[_CONFIG_VARIABLE] = config.model_dump_json()
+    uvicorn.run(
+        f"{__name__}:app_from_environment", factory=True, workers=config.workers, **_uvicorn_settings(config)
+    )
+
+
+def _check_app_builds(config: ServeConfig) -> None:
+    app = build_app(config)
+    store = getattr(app, "store", None)
+    if store is not None:
+        store.close()
