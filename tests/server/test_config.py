@@ -86,3 +86,8 @@ def test_upstream_url_never_doubles_v1(base: str, path: str, expected: str) -> N
 
 def test_upstream_url_keeps_the_query() -> None:
     assert upstream_url("http://h", "/v1/models", b"a=1") == "http://h/v1/models?a=1"
+
+
+def test_a_base_url_is_percent_encoded_once_at_start() -> None:
+    config = load_serve_config(settings={"upstreams": {"a": {"base_url": "http://h:8000/my path/v1/"}}})
+    assert config.upstreams["a"].base_url == "http://h:8000/my%20path/v1"

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 import yaml
+import yarl
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
@@ -53,7 +54,8 @@ class UpstreamConfig(BaseModel):
     def _http_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"base_url {value!r} must start with http:// or https://")
-        return value.rstrip("/")
+        # Percent-encoded once here: the proxy joins request paths to it exactly as clients sent them.
+        return str(yarl.URL(value.rstrip("/")))
 
     def api_key(self) -> str | None:
         """Return the key from its environment variable, or None when none is configured."""
