@@ -165,3 +165,19 @@ def test_the_upstream_gets_the_path_and_query_exactly_as_the_client_encoded_them
     assert [request.path for request in fault_upstream.received] == ["/fault/ok" + target for target in targets]
     [record] = read_rollout_calls(store, "encoded").records
     assert record.status_code == 200
+
+
+def test_a_client_expecting_100_continue_is_answered_by_the_proxy_not_stalled(
+    fault_upstream: FaultUpstream, tmp_path: Path
+) -> None:
+    """curl and others send `Expect: 100-continue` with large bodies. The proxy has the body once
+    uvicorn answered it; forwarding the header made the upstream client wait for a 100 the
+    upstream never sent, until the client timed out."""
+    large = {**CHAT, "messages": [{"role": "user", "content": "x" * 4096}]}
+    with serving(fault_upstream.url("ok"), tmp_path) as (server, _):
+        with httpx.Client(trust_env=False, timeout=10) as http:
+            answered = http.post(
+                f"{server.base_url}/ng-rollout/expect/v1/chat/completions", json=large, headers={"expect": "100-continue"}
+            )
+    assert answered.status_code == 200
+    assert [request.headers.get("expect") for request in fault_upstream.received] == [None]

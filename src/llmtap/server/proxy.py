@@ -28,7 +28,8 @@ from .upstream import AiohttpTransport, UpstreamResponse, UpstreamTransport, Ups
 
 __all__ = ["ProxyApp", "build_app", "upstream_url"]
 
-# Hop-by-hop headers (RFC 9110 §7.6.1) are for one connection and never forwarded.
+# Hop-by-hop headers (RFC 9110 §7.6.1) are for one connection and never forwarded; nor are the
+# ones the proxy itself settles with the client.
 _HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -41,6 +42,9 @@ _HOP_BY_HOP = frozenset(
         b"upgrade",
         b"host",
         b"content-length",
+        # The client's `Expect: 100-continue` was answered here (the body is already read); passed
+        # on, the upstream client would hold the body back for a 100 some servers never send.
+        b"expect",
     }
 )
 _CREDENTIALS = frozenset({b"authorization", b"x-api-key", b"api-key"})
