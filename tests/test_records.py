@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import llmtap.records as records_module
 from llmtap.dialects import get_dialect
 from llmtap.exchange import Exchange
 from llmtap.records import (
@@ -211,6 +212,43 @@ def test_gzip_encoded_response_is_decoded_for_the_record() -> None:
     line = raw_line_from_exchange(exchange)
     assert line["response"] == json.loads(recorded.body_text)
     assert line["error_category"] is None
+
+
+def _compressed(coding: str, body: bytes) -> bytes:
+    if coding == "br":
+        return bytes(pytest.importorskip("brotli").compress(body))
+    if coding == "zstd":
+        return bytes(pytest.importorskip("zstandard").ZstdCompressor().compress(body))
+    return gzip.compress(body)
+
+
+@pytest.mark.parametrize("coding", ["br", "zstd", "gzip, br"])
+def test_brotli_and_zstd_responses_are_decoded_for_the_record(coding: str) -> None:
+    """httpx and aiohttp ask for br and zstd once brotli or zstandard is installed."""
+    recorded = fixture("chat/text-basic-gpt4o")
+    body = recorded.body_bytes
+    for part in [part.strip() for part in coding.split(",")]:
+        body = _compressed(part, body)
+    exchange = _bare_exchange()
+    exchange.status_code = 200
+    exchange.response_headers = {"content-type": "application/json", "content-encoding": coding}
+    exchange.add_response_chunk(body)
+    line = raw_line_from_exchange(exchange)
+    assert line["response"] == json.loads(recorded.body_text) and line["error_category"] is None
+
+
+def test_a_coding_that_cannot_be_decoded_keeps_the_raw_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(records_module, "_optional_module", lambda name: None)  # brotli not installed
+    exchange = _bare_exchange()
+    exchange.status_code = 200
+    exchange.response_headers = {"content-type": "application/json", "content-encoding": "br"}
+    exchange.add_response_chunk(b"\x8b\x02\x80{}\x03")
+    line = raw_line_from_exchange(exchange)
+    assert decode_raw_field(line, "response_raw") == b"\x8b\x02\x80{}\x03"
+    assert line["error_category"] == "capture_parse_error"
+    exchange.response_headers["content-encoding"] = "zstd"
+    monkeypatch.undo()
+    assert raw_line_from_exchange(exchange)["error_category"] == "capture_parse_error"  # corrupt: not raised
 
 
 def test_record_has_every_reference_field() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import importlib
 import math
 import zlib
 from dataclasses import dataclass, field, fields
@@ -105,17 +106,43 @@ def status_from_exception(exc: BaseException) -> int | None:
 
 
 def _decode_content(body: bytes, encoding: str) -> bytes:
-    encoding = encoding.strip().lower()
-    if not body or encoding in ("", "identity"):
-        return body
-    if encoding in ("gzip", "x-gzip"):
+    """Undo a response's content codings, last applied first (`gzip, br` was gzipped, then brotli'd).
+
+    httpx and aiohttp ask for `br` and `zstd` as soon as brotli or zstandard is installed, so
+    those are decoded when the same module is there; otherwise ValueError, and the record keeps
+    the raw bytes.
+    """
+    for coding in reversed([part.strip().lower() for part in encoding.split(",")]):
+        if body and coding not in ("", "identity"):
+            body = _decode_one(body, coding)
+    return body
+
+
+def _decode_one(body: bytes, coding: str) -> bytes:
+    if coding in ("gzip", "x-gzip"):
         return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(body)
-    if encoding == "deflate":
+    if coding == "deflate":
         try:
             return zlib.decompress(body)
         except zlib.error:
             return zlib.decompress(body, -zlib.MAX_WBITS)
-    raise ValueError(f"unsupported content-encoding {encoding!r}")
+    brotli = _optional_module("brotli") or _optional_module("brotlicffi") if coding == "br" else None
+    zstandard = _optional_module("zstandard") if coding == "zstd" else None
+    try:
+        if brotli is not None:
+            return bytes(brotli.decompress(body))
+        if zstandard is not None:
+            return bytes(zstandard.ZstdDecompressor().decompressobj().decompress(body))
+    except Exception as exc:  # each library has its own error type
+        raise ValueError(f"{coding} body could not be decoded ({type(exc).__name__})") from exc
+    raise ValueError(f"unsupported content-encoding {coding!r}")
+
+
+def _optional_module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
 
 
 def _text_fields(name: str, body: bytes) -> dict[str, str]:
