@@ -7,19 +7,20 @@ import re
 import resource
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
+from llmtap.cli.serve import serve
 from llmtap.readers import read_rollout_calls
 from llmtap.server import run
 from llmtap.server.run import raise_open_file_limit
 from llmtap.store import CaptureStore
 from tests.support.faults import FaultUpstream
-from tests.support.servers import free_port
+from tests.support.servers import free_port, wait_for_http
 
 CHAT = {"model": "gpt-4", "messages": [{"role": "user", "content": "Say this is a test"}]}
 
@@ -85,13 +86,7 @@ def test_serve_with_workers_shares_one_port_and_one_capture_directory(fault_upst
         assert process.stderr is not None
         assert b"workers: 2" in process.stderr.readline()
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(base + "/health-of-nothing", timeout=1, trust_env=False)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_for_http(base + "/nothing-here", timeout=60)  # any answer: the workers are serving
 
         def call(index: int) -> int:
             with httpx.Client(trust_env=False, timeout=30) as http:
@@ -113,10 +108,6 @@ def test_serve_with_workers_shares_one_port_and_one_capture_directory(fault_upst
 
 
 def test_a_capsule_is_recorded_by_one_process(tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    from llmtap.cli.serve import serve
-
     result = CliRunner().invoke(
         serve, ["--capsule", "--capsule-dir", str(tmp_path), "--workers", "2", "--upstream", "http://127.0.0.1:9"]
     )
