@@ -41,11 +41,14 @@ class TinyAgent:
 
     `answer` (default) calls the model and returns its response; `fail` answers 500, `reject` 422,
     `not_json` plain text, `hang` sleeps; `hang_first` calls the model and then hangs on its first
-    attempt, and answers on a retry (a run carrying `_ng_attempt_index`).
+    attempt, and answers on a retry (a run carrying `_ng_attempt_index`); `cookie` answers with a
+    session cookie, as agents behind a load balancer or with session middleware do. The `cookie`
+    header of every run is kept in `cookies`.
     """
 
     proxy_url: str
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    cookies: list[str | None] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
     hanging: threading.Event = field(default_factory=threading.Event)
@@ -60,6 +63,7 @@ class TinyAgent:
     async def run(self, request: Request) -> Response:
         body = await request.json()
         self.bodies.append(body)
+        self.cookies.append(request.headers.get("cookie"))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -79,6 +83,10 @@ class TinyAgent:
             return JSONResponse({"error": "not a task I know"}, status_code=422)
         if behaviour == "not_json":
             return PlainTextResponse("this is not JSON")
+        if behaviour == "cookie":
+            answer = JSONResponse({"response": None, "reward": 0.0})
+            answer.set_cookie("agent_session", body.get("question", "x"))
+            return answer
         if behaviour == "hang":
             await asyncio.sleep(30)
         response = await self._call_model(body)
@@ -373,3 +381,11 @@ def test_a_torn_last_row_is_dropped_on_resume_and_its_rollout_sent_again(setup: 
     report = setup.collect(tasks, resume=True)
     assert (report.already_done, report.dropped_lines, report.succeeded) == (1, 1, 1)
     assert sorted(by_id(setup.rows())) == ["0-0", "1-0-a1"]
+
+
+def test_a_cookie_one_rollouts_agent_answer_sets_never_reaches_another_rollout(setup: Setup) -> None:
+    """The runs share one HTTP client: a session cookie from one run's answer must not ride along
+    on the next run's request (the agent would take it for the same session)."""
+    tasks = setup.tasks([{"behaviour": "cookie", "question": f"q{k}"} for k in range(4)])
+    setup.collect(tasks, concurrency=1)
+    assert len(setup.agent.cookies) == 4 and setup.agent.cookies == [None] * 4

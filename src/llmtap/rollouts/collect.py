@@ -27,6 +27,7 @@ The output is rewritten once (atomically) without the dropped rows, then appende
 from __future__ import annotations
 
 import asyncio
+import http.cookiejar
 import os
 import signal
 import time
@@ -415,7 +416,9 @@ async def _collect(job: _Job, report: CollectReport, progress: Callable[[Collect
     to_send = _plan(job, history, report)
     limits = httpx.Limits(max_connections=job.concurrency, max_keepalive_connections=job.concurrency)
     timeout = httpx.Timeout(connect=30.0, read=job.timeout_s, write=60.0, pool=None)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+    # One client serves every rollout: a cookie one run's answer sets must not reach the next run.
+    no_cookies = http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False, cookies=no_cookies) as client:
         if to_send:
             await _check_agent(client, job.agent_url)
         if history is not None:
