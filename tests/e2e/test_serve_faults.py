@@ -181,3 +181,19 @@ def test_a_client_expecting_100_continue_is_answered_by_the_proxy_not_stalled(
             )
     assert answered.status_code == 200
     assert [request.headers.get("expect") for request in fault_upstream.received] == [None]
+
+
+def test_a_pooled_connection_the_upstream_dropped_while_idle_is_retried_not_a_502(
+    fault_upstream: FaultUpstream, tmp_path: Path
+) -> None:
+    """uvicorn (vLLM, llama.cpp's server) closes idle connections after 5 s. A call sent just as
+    that happens meets a reset before any answer: the request never ran, so the proxy sends it
+    again on a new connection instead of answering 502."""
+    store = CaptureStore(tmp_path)
+    with serving(fault_upstream.url("stale-keep-alive"), tmp_path) as (server, _):
+        with httpx.Client(trust_env=False, timeout=10) as http:
+            answers = [http.post(f"{server.base_url}/ng-rollout/stale/v1/chat/completions", json=CHAT) for _ in range(2)]
+    assert [answer.status_code for answer in answers] == [200, 200]
+    assert len(fault_upstream.received) == 3  # the second call reached the dropped connection, then a new one
+    records = read_rollout_calls(store, "stale").records
+    assert [record.status_code for record in records] == [200, 200] and all(r.error_category is None for r in records)

@@ -23,6 +23,9 @@ or, for a path without that prefix, by the header `x-fault: <fault>`. The faults
 | `not-json`            | 200 `application/json` whose body is not JSON                                 |
 | `set-cookie`          | the normal answer with a `set-cookie` header, as load balancers send (a proxy |
 |                       | must pass it to its client, never keep it for the next caller)               |
+| `stale-keep-alive`    | the normal answer on a kept-alive connection; the next request on it is reset |
+|                       | unanswered: what a client meets when it reuses a connection the server closed |
+|                       | while it sat idle (uvicorn closes idle ones after 5 s)                        |
 
 The normal answer is a recorded real exchange for the remaining path (`/v1/chat/completions`,
 `/v1/responses`, `/v1/messages`): its stream recording when the request body has
@@ -31,7 +34,8 @@ The normal answer is a recorded real exchange for the remaining path (`/v1/chat/
 HTTP chunks; a JSON body's pieces are four byte ranges of it, sent under its full content-length.
 `no-terminal` always answers with a stream.
 
-Every response says `connection: close`, and every request is kept in `received`. The server is
+Every response but `stale-keep-alive`'s says `connection: close`, and every request is kept in
+`received`. The server is
 a raw asyncio server (so it can reset a connection), run on its own loop in a daemon thread.
 `refused_port()` gives a port nobody listens on, for refused connections.
 """
@@ -80,7 +84,7 @@ NOT_JSON_BODY = b"<html><body>upstream hiccup: this body is not JSON</body></htm
 
 _FAULT_PATH = re.compile(r"^/fault/([^/]+)(/.*)?$")
 _FAULT_SPEC = re.compile(
-    r"^(?:(?P<plain>ok|no-terminal|not-json|set-cookie)"
+    r"^(?:(?P<plain>ok|no-terminal|not-json|set-cookie|stale-keep-alive)"
     r"|status-(?P<status>[1-5]\d\d)"
     r"|(?P<cut>reset|close)-after-(?P<count>\d+)"
     r"|stall-(?P<stall>first|between)-(?P<seconds>\d+(?:\.\d+)?))$"
@@ -255,7 +259,8 @@ class FaultUpstream(StopsOnExit):
             if request is None:
                 return
             self.received.append(request)
-            await self._respond(request, writer)
+            if await self._respond(request, writer) == "stale-keep-alive":
+                await self._reset_the_next_request(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass  # the client left or sent garbage; nothing to answer
         except asyncio.CancelledError:
@@ -265,7 +270,14 @@ class FaultUpstream(StopsOnExit):
             if not writer.transport.is_closing():
                 writer.close()
 
-    async def _respond(self, request: ReceivedFault, writer: asyncio.StreamWriter) -> None:
+    async def _reset_the_next_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await _read_request(reader)
+        if request is not None:
+            self.received.append(request)
+            _reset(writer)
+
+    async def _respond(self, request: ReceivedFault, writer: asyncio.StreamWriter) -> str | None:
+        """Answer `request`; return the kind of fault answered (None for a request naming none)."""
         try:
             fault, api_path = _select_fault(request)
             answer = _answer_for(fault, api_path, request)
@@ -273,11 +285,14 @@ class FaultUpstream(StopsOnExit):
             body = json.dumps({"error": {"type": "fault_not_served", "message": str(problem)}}).encode()
             writer.write(_head(404, "application/json", len(body)) + body)
             await writer.drain()
-            return
+            return None
         if fault.kind == "stall-first":
             await asyncio.sleep(fault.number)
         length = None if answer.is_stream else sum(len(piece) for piece in answer.pieces)
-        writer.write(_head(answer.status, answer.content_type, length, cookie=fault.kind == "set-cookie"))
+        writer.write(
+            _head(answer.status, answer.content_type, length, cookie=fault.kind == "set-cookie",
+                  keep_alive=fault.kind == "stale-keep-alive")
+        )
         pieces = answer.pieces
         if fault.kind in ("reset-after", "close-after"):
             pieces = pieces[: int(fault.number)]
@@ -288,17 +303,16 @@ class FaultUpstream(StopsOnExit):
             await writer.drain()
         if fault.kind == "reset-after":
             await asyncio.sleep(self.reset_pause)
-            sock = writer.get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            writer.transport.abort()
-            return
+            _reset(writer)
+            return fault.kind
         if fault.kind == "close-after":
             await asyncio.sleep(self.reset_pause)
             writer.close()
-            return
+            return fault.kind
         if answer.is_stream:
             writer.write(b"0\r\n\r\n")
         await writer.drain()
+        return fault.kind
 
 
 def _select_fault(request: ReceivedFault) -> tuple[Fault, str]:
@@ -373,11 +387,18 @@ def _error_body(status: int, api_path: str) -> bytes:
 SET_COOKIE = "lb_session=injected-by-upstream; Path=/; HttpOnly"
 
 
-def _head(status: int, content_type: str, length: int | None, *, cookie: bool = False) -> bytes:
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Drop the connection with a TCP reset (RST, SO_LINGER 0), not a clean close."""
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+def _head(status: int, content_type: str, length: int | None, *, cookie: bool = False, keep_alive: bool = False) -> bytes:
     lines = [
         f"HTTP/1.1 {status} {_reason(status)}",
         f"content-type: {content_type}",
-        "connection: close",
+        *([] if keep_alive else ["connection: close"]),
         ("transfer-encoding: chunked" if length is None else f"content-length: {length}"),
         *([f"set-cookie: {SET_COOKIE}"] if cookie else []),
     ]

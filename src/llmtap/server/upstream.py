@@ -68,6 +68,10 @@ class _AiohttpResponse:
         self.response.release()
 
 
+# How soon after sending a dropped connection means a stale pooled one, not an upstream failing
+# while it worked on the request (see `AiohttpTransport.send`).
+STALE_RETRY_SECONDS = 1.0
+
 # aiohttp would otherwise add these of its own accord; the proxy sends only what the client sent.
 _NO_AUTO_HEADERS = ("User-Agent", "Accept-Encoding", "Accept", "Content-Type")
 
@@ -97,15 +101,32 @@ class AiohttpTransport:
         return self._session
 
     async def send(self, method: str, url: str, headers: list[tuple[bytes, bytes]], body: bytes) -> UpstreamResponse:
-        """Send the request; raise `UpstreamUnreachable` when no response head came back."""
+        """Send the request; raise `UpstreamUnreachable` when no response head came back.
+
+        A request whose connection drops within `STALE_RETRY_SECONDS` of sending, before any byte
+        of an answer, is sent once more on a new connection. That is how a pooled connection ends
+        when the upstream closed it as idle just as it was reused (uvicorn, behind vLLM and
+        llama.cpp's server, closes idle connections after 5 s): the request never ran. aiohttp
+        itself retries only idempotent methods, and model calls are POSTs.
+        """
         text_headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
-        try:
-            response = await self._open().request(
-                # encoded: the URL is sent as given, not normalized (`%7E` stays `%7E`).
-                method, yarl.URL(url, encoded=True), headers=text_headers, data=body, allow_redirects=False, compress=None
-            )
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            raise UpstreamUnreachable(exc, timed_out=isinstance(exc, asyncio.TimeoutError)) from exc
+        target = yarl.URL(url, encoded=True)  # sent as given, not normalized (`%7E` stays `%7E`)
+        session = self._open()
+        loop = asyncio.get_running_loop()
+        for is_retry in (False, True):
+            sent_at = loop.time()
+            try:
+                response = await session.request(
+                    method, target, headers=text_headers, data=body, allow_redirects=False, compress=None
+                )
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                connected = not isinstance(exc, aiohttp.ClientConnectorError)  # it never connected: no retry
+                if connected and not is_retry and loop.time() - sent_at < STALE_RETRY_SECONDS:
+                    continue
+                raise UpstreamUnreachable(exc, timed_out=False) from exc
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                raise UpstreamUnreachable(exc, timed_out=isinstance(exc, asyncio.TimeoutError)) from exc
+            break
         return _AiohttpResponse(response, response.status, list(response.raw_headers))
 
     async def aclose(self) -> None:
