@@ -85,15 +85,11 @@ class SyncOffload(Generic[T]):
             if self._flush_scheduled or batched:
                 return True
             self._flush_scheduled = True
-        loop.call_soon(self._flush)
+        loop.call_soon(self.flush)
         return True
 
     def flush(self) -> None:
-        """Send the requests submitted so far now (see `submit`)."""
-        self._flush()
-
-    def _flush(self) -> None:
-        """Send every request queued during this turn of the loop with one write.
+        """Send every request submitted so far (this turn of the loop's) with one write.
 
         One write per turn, not per call: under load the helper wakes once for many requests.
         Only the loop's thread writes, so a short write just leaves the rest for when the pipe
@@ -121,7 +117,7 @@ class SyncOffload(Generic[T]):
     def _flush_when_writable(self) -> None:
         if self._loop is not None:
             self._loop.remove_writer(self._requests_fd)
-        self._flush()
+        self.flush()
 
     def _attach(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Start the helper if needed and read its answers on `loop`; False if another loop still owns it."""
