@@ -13,7 +13,7 @@ import importlib
 import math
 import zlib
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import orjson
 
@@ -126,16 +126,24 @@ def _decode_one(body: bytes, coding: str) -> bytes:
             return zlib.decompress(body)
         except zlib.error:
             return zlib.decompress(body, -zlib.MAX_WBITS)
-    brotli = _optional_module("brotli") or _optional_module("brotlicffi") if coding == "br" else None
-    zstandard = _optional_module("zstandard") if coding == "zstd" else None
+    decompress = _optional_decompressor(coding)
+    if decompress is None:
+        raise ValueError(f"unsupported content-encoding {coding!r}")
     try:
-        if brotli is not None:
-            return bytes(brotli.decompress(body))
-        if zstandard is not None:
-            return bytes(zstandard.ZstdDecompressor().decompressobj().decompress(body))
+        return bytes(decompress(body))
     except Exception as exc:  # each library has its own error type
         raise ValueError(f"{coding} body could not be decoded ({type(exc).__name__})") from exc
-    raise ValueError(f"unsupported content-encoding {coding!r}")
+
+
+def _optional_decompressor(coding: str) -> Callable[[bytes], Any] | None:
+    """br or zstd decompression, from whichever module is installed; None without one."""
+    if coding == "br":
+        brotli = _optional_module("brotli") or _optional_module("brotlicffi")
+        return None if brotli is None else brotli.decompress
+    if coding == "zstd":
+        zstandard = _optional_module("zstandard")
+        return None if zstandard is None else zstandard.ZstdDecompressor().decompressobj().decompress
+    return None
 
 
 def _optional_module(name: str) -> Any:
