@@ -24,7 +24,7 @@ from ..store import CaptureStore
 from .asgi import ASGIApp, Message, Receive, Scope, Send
 from .config import ServeConfig, UpstreamConfig
 from .middleware import EXCHANGE_SCOPE_KEY, CaptureMiddleware
-from .upstream import AiohttpTransport, UpstreamResponse, UpstreamTransport, UpstreamUnreachable
+from .upstream import Http1Transport, UpstreamResponse, UpstreamTransport, UpstreamUnreachable
 
 __all__ = ["ProxyApp", "build_app", "upstream_url"]
 
@@ -74,7 +74,7 @@ class _Upstream:
                 self.credential = (b"x-api-key", key.encode("latin-1"))
             else:
                 self.credential = (b"authorization", b"Bearer " + key.encode("latin-1"))
-        self.transport: UpstreamTransport = AiohttpTransport(
+        self.transport: UpstreamTransport = Http1Transport(
             max_connections=config.max_connections,
             connect_timeout_s=config.connect_timeout_s,
             read_timeout_s=config.timeout_s,

@@ -1,0 +1,394 @@
+"""The proxy's HTTP/1.1 upstream transport against scripted upstreams: framing, reuse, timeouts, faults.
+
+Each test's upstream is a raw asyncio server whose handler writes exactly the bytes under test,
+so the transport meets each framing and each way an upstream can fail on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from llmtap.server.http1 import HIGH_WATER, UpstreamClosed, UpstreamReadTimeout
+from llmtap.server.upstream import STALE_RETRY_SECONDS, Http1Transport, UpstreamUnreachable
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+
+class ScriptedUpstream:
+    """Runs `handler(reader, writer, connection_number)` for each connection, and keeps what came in."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.open_now = 0
+        self.most_open = 0
+        self.requests: list[bytes] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def read_request(self, reader: asyncio.StreamReader) -> bytes:
+        """Read one request (head and content-length body) and keep it; b"" at end of connection."""
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            return b""
+        length = 0
+        for line in head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        request = head + await reader.readexactly(length)
+        self.requests.append(request)
+        return request
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        self.connections += 1
+        self.open_now += 1
+        self.most_open = max(self.most_open, self.open_now)
+        try:
+            await self.handler(reader, writer, self.connections)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # the client left, or the test is over
+        finally:
+            self.open_now -= 1
+            writer.close()
+
+
+@asynccontextmanager
+async def scripted(handler: Handler, ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[tuple[ScriptedUpstream, str]]:
+    upstream = ScriptedUpstream(handler)
+    server = await asyncio.start_server(upstream._serve, "127.0.0.1", 0, ssl=ssl_context)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield upstream, f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}"
+    finally:
+        server.close()
+        for task in upstream.tasks:
+            task.cancel()
+        await asyncio.gather(*upstream.tasks, return_exceptions=True)
+
+
+def transport(**options: float) -> Http1Transport:
+    settings = {"max_connections": 16, "connect_timeout_s": 5.0, "read_timeout_s": 5.0, **options}
+    return Http1Transport(**settings)  # type: ignore[arg-type]
+
+
+async def body_of(upstream_transport: Http1Transport, url: str, method: str = "POST", body: bytes = b"{}") -> tuple[int, bytes]:
+    response = await upstream_transport.send(method, url, [(b"content-type", b"application/json")], body)
+    try:
+        return response.status, b"".join([chunk async for chunk in response.chunks()])
+    finally:
+        await response.aclose()
+
+
+@asynccontextmanager
+async def answering(reply: bytes) -> AsyncIterator[tuple[ScriptedUpstream, str]]:
+    """An upstream answering every request on every connection with `reply`."""
+    holder: list[ScriptedUpstream] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        while await holder[0].read_request(reader):
+            writer.write(reply)
+            await writer.drain()
+
+    async with scripted(handler) as (upstream, url):
+        holder.append(upstream)
+        yield upstream, url
+
+
+async def test_the_request_goes_as_given_and_the_connection_is_kept_alive() -> None:
+    async with answering(OK) as (upstream, url):
+        client = transport()
+        for _ in range(3):
+            assert await body_of(client, url + "/v1/chat/completions?x=%7E", body=b'{"a":1}') == (200, b"{}")
+        await client.aclose()
+    assert upstream.connections == 1
+    host = url.removeprefix("http://").encode()
+    assert upstream.requests[0] == (
+        b"POST /v1/chat/completions?x=%7E HTTP/1.1\r\nhost: " + host + b"\r\n"
+        b"content-type: application/json\r\ncontent-length: 7\r\n\r\n{\"a\":1}"
+    )
+
+
+async def test_a_get_without_body_sends_no_content_length() -> None:
+    async with answering(OK) as (upstream, url):
+        client = transport()
+        assert await body_of(client, url + "/v1/models", method="GET", body=b"") == (200, b"{}")
+        await client.aclose()
+    assert b"content-length" not in upstream.requests[0]
+
+
+async def test_a_chunked_body_arrives_piece_by_piece_before_it_ends() -> None:
+    release_second = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await upstream.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(b"6\r\ndata: \r\n")
+        await writer.drain()
+        await release_second.wait()
+        writer.write(b"3\r\n1\n\n\r\n0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async with scripted(handler) as (upstream, url):
+        client = transport()
+        response = await client.send("POST", url + "/v1/chat/completions", [], b"{}")
+        pieces = response.chunks()
+        assert await anext(pieces) == b"data: "  # the first piece, while the upstream still holds the second
+        release_second.set()
+        assert [piece async for piece in pieces] == [b"1\n\n"]
+        assert (b"transfer-encoding", b"chunked") in response.headers
+        await response.aclose()
+        await client.aclose()
+
+
+async def test_a_body_ended_by_closing_the_connection_is_complete_and_the_connection_not_reused() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await upstream.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the end")
+        await writer.drain()
+
+    async with scripted(handler) as (upstream, url):
+        client = transport()
+        assert await body_of(client, url + "/x") == (200, b"until the end")
+        assert await body_of(client, url + "/x") == (200, b"until the end")
+        await client.aclose()
+    assert upstream.connections == 2
+
+
+async def test_connection_close_from_the_upstream_is_honoured() -> None:
+    reply = b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok"
+    async with answering(reply) as (upstream, url):
+        client = transport()
+        for _ in range(2):
+            assert await body_of(client, url + "/x") == (200, b"ok")
+        await client.aclose()
+    assert upstream.connections == 2
+
+
+async def test_a_head_answer_declaring_a_length_has_no_body_and_does_not_hang() -> None:
+    async with answering(b"HTTP/1.1 200 OK\r\ncontent-length: 1234\r\n\r\n") as (upstream, url):
+        client = transport()
+        assert await asyncio.wait_for(body_of(client, url + "/x", method="HEAD", body=b""), 5) == (200, b"")
+        await client.aclose()
+
+
+async def test_an_interim_103_is_skipped_for_the_real_answer() -> None:
+    async with answering(b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n" + OK) as (_, url):
+        client = transport()
+        assert await body_of(client, url + "/x") == (200, b"{}")
+        await client.aclose()
+
+
+async def test_errors_come_back_as_answers_with_their_bodies() -> None:
+    reply = b'HTTP/1.1 429 Too Many Requests\r\ncontent-length: 15\r\nretry-after: 3\r\n\r\n{"error":"slow"}'[:-1]
+    async with answering(reply) as (_, url):
+        client = transport()
+        response = await client.send("POST", url + "/x", [], b"{}")
+        assert response.status == 429 and (b"retry-after", b"3") in response.headers
+        assert b"".join([chunk async for chunk in response.chunks()]) == b'{"error":"slow"'
+        await response.aclose()
+        await client.aclose()
+
+
+async def test_silence_before_the_head_is_an_unreachable_timeout() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await reader.read()
+
+    async with scripted(handler) as (_, url):
+        client = transport(read_timeout_s=0.2)
+        with pytest.raises(UpstreamUnreachable) as caught:
+            await client.send("POST", url + "/x", [], b"{}")
+        assert caught.value.timed_out and isinstance(caught.value.cause, TimeoutError)
+        await client.aclose()
+
+
+async def test_silence_mid_body_fails_the_body_with_a_read_timeout() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await upstream.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf ")
+        await writer.drain()
+        await reader.read()
+
+    async with scripted(handler) as (upstream, url):
+        client = transport(read_timeout_s=0.2)
+        response = await client.send("POST", url + "/x", [], b"{}")
+        received = []
+        with pytest.raises(UpstreamReadTimeout):
+            async for chunk in response.chunks():
+                received.append(chunk)
+        assert received == [b"half "]
+        await response.aclose()
+        await client.aclose()
+
+
+async def test_a_long_stream_with_steady_bytes_never_times_out() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await upstream.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for _ in range(8):
+            writer.write(b"1\r\n.\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async with scripted(handler) as (upstream, url):
+        client = transport(read_timeout_s=0.15)  # the whole stream takes 0.4 s
+        assert await body_of(client, url + "/x") == (200, b"." * 8)
+        await client.aclose()
+
+
+async def test_a_connection_dropped_mid_body_fails_the_body_as_a_connection_error() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await upstream.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial")
+        await writer.drain()
+
+    async with scripted(handler) as (upstream, url):
+        client = transport()
+        response = await client.send("POST", url + "/x", [], b"{}")
+        with pytest.raises(UpstreamClosed) as caught:
+            async for _ in response.chunks():
+                pass
+        assert isinstance(caught.value, ConnectionError)
+        await response.aclose()
+        await client.aclose()
+
+
+async def test_a_malformed_answer_is_unreachable_not_a_hang() -> None:
+    async with answering(b"SPDY/9 what\r\n\r\n") as (_, url):
+        client = transport()
+        with pytest.raises(UpstreamUnreachable) as caught:
+            await asyncio.wait_for(client.send("POST", url + "/x", [], b"{}"), 5)
+        assert not caught.value.timed_out
+        await client.aclose()
+
+
+async def test_a_refused_connection_is_unreachable_and_not_retried() -> None:
+    async with answering(OK) as (_, url):
+        pass  # closed: its port now refuses
+    client = transport()
+    with pytest.raises(UpstreamUnreachable) as caught:
+        await client.send("POST", url + "/x", [], b"{}")
+    assert isinstance(caught.value.cause, ConnectionRefusedError) and not caught.value.timed_out
+
+
+async def test_a_pooled_connection_dropped_as_the_request_lands_is_retried_once_on_a_new_one() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await upstream.read_request(reader)
+        writer.write(OK)
+        await writer.drain()
+        if number == 1:
+            await upstream.read_request(reader)  # the second request arrives, as the upstream closes it as idle
+        else:
+            await reader.read()
+
+    async with scripted(handler) as (upstream, url):
+        client = transport()
+        assert await body_of(client, url + "/x") == (200, b"{}")
+        assert await body_of(client, url + "/x") == (200, b"{}")
+        await client.aclose()
+    assert upstream.connections == 2 and len(upstream.requests) == 3
+
+
+async def test_a_fresh_connection_dropped_without_answer_is_not_retried() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await upstream.read_request(reader)
+
+    async with scripted(handler) as (upstream, url):
+        client = transport()
+        with pytest.raises(UpstreamUnreachable) as caught:
+            await client.send("POST", url + "/x", [], b"{}")
+        assert isinstance(caught.value.cause, ConnectionError)
+        await client.aclose()
+    assert upstream.connections == 1
+    assert STALE_RETRY_SECONDS > 0
+
+
+async def test_the_pool_never_opens_more_than_its_limit() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        while await upstream.read_request(reader):
+            await asyncio.sleep(0.02)
+            writer.write(OK)
+            await writer.drain()
+
+    async with scripted(handler) as (upstream, url):
+        client = transport(max_connections=2)
+        results = await asyncio.gather(*(body_of(client, url + "/x") for _ in range(9)))
+        await client.aclose()
+    assert results == [(200, b"{}")] * 9
+    assert upstream.most_open <= 2 and len(upstream.requests) == 9
+
+
+async def test_a_body_nobody_reads_stops_the_socket_instead_of_filling_memory() -> None:
+    size = 16 * HIGH_WATER
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await upstream.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size)
+        writer.write(b"x" * size)
+        await writer.drain()
+        await reader.read()
+
+    async with scripted(handler) as (upstream, url):
+        client = transport()
+        response = await client.send("POST", url + "/x", [], b"{}")
+        await asyncio.sleep(0.3)  # the upstream writes all it can; the proxy reads nothing
+        buffered = response._response._buffered  # type: ignore[attr-defined]
+        assert HIGH_WATER <= buffered < 2 * HIGH_WATER
+        assert len(b"".join([chunk async for chunk in response.chunks()])) == size
+        await response.aclose()
+        await client.aclose()
+
+
+async def test_a_header_value_with_a_line_break_is_refused_before_sending() -> None:
+    async with answering(OK) as (upstream, url):
+        client = transport()
+        with pytest.raises(UpstreamUnreachable):
+            await client.send("POST", url + "/x", [(b"x-note", b"a\r\nx-injected: 1")], b"{}")
+        await client.aclose()
+    assert upstream.requests == []
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+async def test_an_https_upstream_is_verified_and_reached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(cert, key)
+    holder: list[ScriptedUpstream] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        while await holder[0].read_request(reader):
+            writer.write(OK)
+            await writer.drain()
+
+    async with scripted(handler, server_context) as (upstream, url):
+        holder.append(upstream)
+        untrusting = transport()
+        with pytest.raises(UpstreamUnreachable) as caught:
+            await untrusting.send("POST", url + "/x", [], b"{}")
+        assert isinstance(caught.value.cause, ssl.SSLCertVerificationError)
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # read when the transport makes its context
+        trusting = transport()
+        assert await body_of(trusting, url + "/v1/messages") == (200, b"{}")
+        await trusting.aclose()
+    assert upstream.requests[-1].startswith(b"POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1:")
