@@ -49,10 +49,10 @@ def serve_into_capsule(config: Any, *, runs_dir: Path | None = None) -> Path:
     import uvicorn
 
     from ..server.proxy import build_app
-    from ..server.run import raise_open_file_limit, uvicorn_config
+    from ..server.run import prepare_server_process, uvicorn_config
     from ..store import CaptureStore
 
-    raise_open_file_limit()
+    prepare_server_process()
     started, started_mono = time.time(), time.perf_counter()
     paths: CapsulePaths = create_capsule(runs_dir, with_outputs=False)
     manifest = start_manifest(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
+import platform
 import resource
 import sys
 from typing import Any
@@ -14,7 +16,7 @@ from .asgi import ASGIApp
 from .config import ServeConfig
 from .proxy import build_app
 
-__all__ = ["app_from_environment", "raise_open_file_limit", "run_server", "uvicorn_config"]
+__all__ = ["app_from_environment", "prepare_server_process", "raise_open_file_limit", "run_server", "steady_heap", "uvicorn_config"]
 
 # Enough descriptors for thousands of client and upstream connections and the capture store's
 # open rollouts (two descriptors each, kept within an eighth of the limit).
@@ -56,6 +58,7 @@ _CONFIG_VARIABLE = "LLMTAP_SERVE_CONFIG"
 def app_from_environment() -> ASGIApp:
     """The app of one worker process of `llmtap serve --workers N`, built from the configuration
     its parent validated (upstream keys are still read from their own variables)."""
+    steady_heap()  # a spawned worker starts with glibc's defaults again
     return build_app(ServeConfig.model_validate_json(os.environ[_CONFIG_VARIABLE]))
 
 
@@ -77,9 +80,42 @@ def raise_open_file_limit(wanted: int = _WANTED_OPEN_FILES) -> int:
     return soft
 
 
+# glibc's mallopt parameters, and the values a server process runs with: blocks up to 4 MiB come
+# from the heap, and up to 64 MiB of freed heap stays mapped for reuse.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD = 4 * 1024 * 1024
+_TRIM_THRESHOLD = 64 * 1024 * 1024
+
+
+def steady_heap() -> bool:
+    """Fix glibc's mmap and trim thresholds, so the heap stops handing pages back and faulting them in again.
+
+    asyncio reads every socket into a fresh 256 KiB buffer and shrinks it to what arrived. Under
+    glibc's moving thresholds, whether that buffer is a new mapping (two or three page faults a
+    read) depends on what the process freed before; with capture on, it often was: 3.5 to 4
+    minor faults per proxied call, and about a quarter more CPU per call at 128 concurrent calls
+    (docs/benchmarks.md). Fixed thresholds keep those buffers in the heap. Returns False where
+    the C library is not glibc, which is then left alone.
+    """
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+
+
+def prepare_server_process() -> None:
+    """The process settings of a long-running llmtap server: descriptors to spare, a steady heap."""
+    raise_open_file_limit()
+    steady_heap()
+
+
 def run_server(config: ServeConfig) -> None:
     """Serve until interrupted, printing where it listens and where it captures."""
-    raise_open_file_limit()
+    prepare_server_process()
     capture = config.model_call_capture_dir if config.observability_enabled else "off"
     upstreams = ", ".join(f"{name}={u.base_url}" for name, u in config.upstreams.items())
     workers = f"  workers: {config.workers}" if config.workers > 1 else ""
