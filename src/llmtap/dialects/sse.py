@@ -80,10 +80,15 @@ class SSEDecoder:
         """Decode a chunk of whole LF-ended events with nothing pending: how model servers send them.
 
         An event of one `data:` line, or of an `event:` line then one `data:` line, is built
-        directly; any other event goes line by line. Same events as the general path.
+        directly, after any comment lines before it; any other event goes line by line. Same
+        events as the general path.
         """
         events: list[SSEEvent] = []
         for block in chunk[:-2].split(b"\n\n"):
+            while block.startswith(b":"):  # comment lines (keep-alives, a proxy's notes) carry nothing
+                block = block.partition(b"\n")[2]
+            if not block:
+                continue
             if block.startswith(b"data: ") and b"\n" not in block:
                 events.append(SSEEvent(None, block[6:].decode("utf-8", errors="replace"), self._id))
                 continue
