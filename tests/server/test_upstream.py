@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import ssl
+import struct
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -166,6 +168,27 @@ async def test_a_body_ended_by_closing_the_connection_is_complete_and_the_connec
         assert await body_of(client, url + "/x") == (200, b"until the end")
         await client.aclose()
     assert upstream.connections == 2
+
+
+async def test_a_body_ended_by_a_reset_instead_of_a_close_is_a_failed_body() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await upstream.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\ncut")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        sock = writer.transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        writer.transport.abort()
+
+    async with scripted(handler) as (upstream, url):
+        client = transport()
+        response = await client.send("POST", url + "/x", [], b"{}")
+        with pytest.raises(UpstreamClosed) as caught:
+            async for _ in response.chunks():
+                pass
+        assert isinstance(caught.value.__cause__, ConnectionResetError)
+        await response.aclose()
+        await client.aclose()
 
 
 async def test_connection_close_from_the_upstream_is_honoured() -> None:

@@ -169,10 +169,12 @@ class Http1Connection(asyncio.Protocol):
         response = self._response
         if response is None:
             return
-        if response.status and not self._declares_length() and not response.complete:
-            response.completed()  # a body delimited by the end of the connection: it ended
+        if exc is None and response.status and not self._declares_length() and not response.complete:
+            response.completed()  # a body delimited by the end of the connection: it ended (not reset)
             return
-        self._fail(UpstreamClosed("the upstream closed the connection before the response was complete"))
+        closed = UpstreamClosed("the upstream closed the connection before the response was complete")
+        closed.__cause__ = exc  # the reset, when the socket reported one
+        self._fail(closed)
 
     # httptools callbacks ----------------------------------------------------------------------
 

@@ -111,9 +111,9 @@ class _Pool:
     def give_back(self, connection: Http1Connection, reusable: bool) -> None:
         if reusable and not self.closed:
             self.idle.append(connection)
+            self.wake_one()
         else:
             self.discard(connection)
-        self.wake_one()
 
     def discard(self, connection: Http1Connection) -> None:
         connection.close()
@@ -168,7 +168,6 @@ class Http1Transport:
         self._read_timeout_s = read_timeout_s
         self._keepalive_s = keepalive_s
         self._pools: dict[str, _Pool] = {}
-        self._closed = False
 
     async def send(self, method: str, url: str, headers: list[tuple[bytes, bytes]], body: bytes) -> UpstreamResponse:
         """Send the request; raise `UpstreamUnreachable` when no response head came back.
