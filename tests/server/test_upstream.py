@@ -13,20 +13,20 @@ import ssl
 import struct
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
 from llmtap.server.http1 import HIGH_WATER, UpstreamClosed, UpstreamReadTimeout
-from llmtap.server.upstream import STALE_RETRY_SECONDS, Http1Transport, UpstreamUnreachable
+from llmtap.server.upstream import Http1Transport, UpstreamUnreachable
 
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 
 
 class ScriptedUpstream:
-    """Runs `handler(reader, writer, connection_number)` for each connection, and keeps what came in."""
+    """Runs `handler(upstream, reader, writer, connection_number)` for each connection, and keeps what came in."""
 
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
@@ -59,12 +59,15 @@ class ScriptedUpstream:
         self.open_now += 1
         self.most_open = max(self.most_open, self.open_now)
         try:
-            await self.handler(reader, writer, self.connections)
+            await self.handler(self, reader, writer, self.connections)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass  # the client left, or the test is over
         finally:
             self.open_now -= 1
             writer.close()
+
+
+Handler = Callable[[ScriptedUpstream, asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
 
 @asynccontextmanager
@@ -81,6 +84,40 @@ async def scripted(handler: Handler, ssl_context: ssl.SSLContext | None = None) 
         await asyncio.gather(*upstream.tasks, return_exceptions=True)
 
 
+def answer_each(reply: bytes) -> Handler:
+    """Answer every request on the connection with `reply`."""
+
+    async def handler(upstream: ScriptedUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        while await upstream.read_request(reader):
+            writer.write(reply)
+            await writer.drain()
+
+    return handler
+
+
+def answer_once(reply: bytes, then: Literal["close", "hold", "reset"]) -> Handler:
+    """Read one request, write `reply`, then close the connection, hold it open, or reset it."""
+
+    async def handler(upstream: ScriptedUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await upstream.read_request(reader)
+        writer.write(reply)
+        await writer.drain()
+        if then == "hold":
+            await reader.read()
+        elif then == "reset":
+            await asyncio.sleep(0.1)
+            sock = writer.transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+
+    return handler
+
+
+def answering(reply: bytes) -> AbstractAsyncContextManager[tuple[ScriptedUpstream, str]]:
+    """An upstream answering every request on every connection with `reply`."""
+    return scripted(answer_each(reply))
+
+
 def transport(**options: float) -> Http1Transport:
     settings = {"max_connections": 16, "connect_timeout_s": 5.0, "read_timeout_s": 5.0, **options}
     return Http1Transport(**settings)  # type: ignore[arg-type]
@@ -94,19 +131,21 @@ async def body_of(upstream_transport: Http1Transport, url: str, method: str = "P
         await response.aclose()
 
 
-@asynccontextmanager
-async def answering(reply: bytes) -> AsyncIterator[tuple[ScriptedUpstream, str]]:
-    """An upstream answering every request on every connection with `reply`."""
-    holder: list[ScriptedUpstream] = []
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
-        while await holder[0].read_request(reader):
-            writer.write(reply)
-            await writer.drain()
-
-    async with scripted(handler) as (upstream, url):
-        holder.append(upstream)
-        yield upstream, url
+async def failed_body(reply: bytes, then: Literal["close", "hold", "reset"], **options: float) -> tuple[list[bytes], BaseException]:
+    """The pieces of a body that could not be completed, and the exception that ended it."""
+    async with scripted(answer_once(reply, then)) as (_, url):
+        client = transport(**options)
+        response = await client.send("POST", url + "/x", [], b"{}")
+        received: list[bytes] = []
+        try:
+            async for chunk in response.chunks():
+                received.append(chunk)
+        except Exception as exc:  # what is under test
+            return received, exc
+        finally:
+            await response.aclose()
+            await client.aclose()
+    raise AssertionError(f"the body completed: {received!r}")
 
 
 async def test_the_request_goes_as_given_and_the_connection_is_kept_alive() -> None:
@@ -134,7 +173,7 @@ async def test_a_get_without_body_sends_no_content_length() -> None:
 async def test_a_chunked_body_arrives_piece_by_piece_before_it_ends() -> None:
     release_second = asyncio.Event()
 
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+    async def handler(upstream: ScriptedUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
         await upstream.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
         writer.write(b"6\r\ndata: \r\n")
@@ -144,7 +183,7 @@ async def test_a_chunked_body_arrives_piece_by_piece_before_it_ends() -> None:
         await writer.drain()
         await reader.read()
 
-    async with scripted(handler) as (upstream, url):
+    async with scripted(handler) as (_, url):
         client = transport()
         response = await client.send("POST", url + "/v1/chat/completions", [], b"{}")
         pieces = response.chunks()
@@ -157,12 +196,8 @@ async def test_a_chunked_body_arrives_piece_by_piece_before_it_ends() -> None:
 
 
 async def test_a_body_ended_by_closing_the_connection_is_complete_and_the_connection_not_reused() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
-        await upstream.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the end")
-        await writer.drain()
-
-    async with scripted(handler) as (upstream, url):
+    reply = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the end"
+    async with scripted(answer_once(reply, "close")) as (upstream, url):
         client = transport()
         assert await body_of(client, url + "/x") == (200, b"until the end")
         assert await body_of(client, url + "/x") == (200, b"until the end")
@@ -171,24 +206,8 @@ async def test_a_body_ended_by_closing_the_connection_is_complete_and_the_connec
 
 
 async def test_a_body_ended_by_a_reset_instead_of_a_close_is_a_failed_body() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
-        await upstream.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\ncut")
-        await writer.drain()
-        await asyncio.sleep(0.1)
-        sock = writer.transport.get_extra_info("socket")
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
-        writer.transport.abort()
-
-    async with scripted(handler) as (upstream, url):
-        client = transport()
-        response = await client.send("POST", url + "/x", [], b"{}")
-        with pytest.raises(UpstreamClosed) as caught:
-            async for _ in response.chunks():
-                pass
-        assert isinstance(caught.value.__cause__, ConnectionResetError)
-        await response.aclose()
-        await client.aclose()
+    received, error = await failed_body(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\ncut", "reset")
+    assert isinstance(error, UpstreamClosed) and isinstance(error.__cause__, ConnectionResetError)
 
 
 async def test_connection_close_from_the_upstream_is_honoured() -> None:
@@ -227,10 +246,7 @@ async def test_errors_come_back_as_answers_with_their_bodies() -> None:
 
 
 async def test_silence_before_the_head_is_an_unreachable_timeout() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
-        await reader.read()
-
-    async with scripted(handler) as (_, url):
+    async with scripted(answer_once(b"", "hold")) as (_, url):
         client = transport(read_timeout_s=0.2)
         with pytest.raises(UpstreamUnreachable) as caught:
             await client.send("POST", url + "/x", [], b"{}")
@@ -239,26 +255,12 @@ async def test_silence_before_the_head_is_an_unreachable_timeout() -> None:
 
 
 async def test_silence_mid_body_fails_the_body_with_a_read_timeout() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
-        await upstream.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf ")
-        await writer.drain()
-        await reader.read()
-
-    async with scripted(handler) as (upstream, url):
-        client = transport(read_timeout_s=0.2)
-        response = await client.send("POST", url + "/x", [], b"{}")
-        received = []
-        with pytest.raises(UpstreamReadTimeout):
-            async for chunk in response.chunks():
-                received.append(chunk)
-        assert received == [b"half "]
-        await response.aclose()
-        await client.aclose()
+    received, error = await failed_body(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf ", "hold", read_timeout_s=0.2)
+    assert isinstance(error, UpstreamReadTimeout) and received == [b"half "]
 
 
 async def test_a_long_stream_with_steady_bytes_never_times_out() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+    async def handler(upstream: ScriptedUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
         await upstream.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
         for _ in range(8):
@@ -269,27 +271,15 @@ async def test_a_long_stream_with_steady_bytes_never_times_out() -> None:
         await writer.drain()
         await reader.read()
 
-    async with scripted(handler) as (upstream, url):
+    async with scripted(handler) as (_, url):
         client = transport(read_timeout_s=0.15)  # the whole stream takes 0.4 s
         assert await body_of(client, url + "/x") == (200, b"." * 8)
         await client.aclose()
 
 
 async def test_a_connection_dropped_mid_body_fails_the_body_as_a_connection_error() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
-        await upstream.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial")
-        await writer.drain()
-
-    async with scripted(handler) as (upstream, url):
-        client = transport()
-        response = await client.send("POST", url + "/x", [], b"{}")
-        with pytest.raises(UpstreamClosed) as caught:
-            async for _ in response.chunks():
-                pass
-        assert isinstance(caught.value, ConnectionError)
-        await response.aclose()
-        await client.aclose()
+    received, error = await failed_body(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial", "close")
+    assert isinstance(error, UpstreamClosed) and isinstance(error, ConnectionError) and received == [b"partial"]
 
 
 async def test_a_malformed_answer_is_unreachable_not_a_hang() -> None:
@@ -311,7 +301,7 @@ async def test_a_refused_connection_is_unreachable_and_not_retried() -> None:
 
 
 async def test_a_pooled_connection_dropped_as_the_request_lands_is_retried_once_on_a_new_one() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+    async def handler(upstream: ScriptedUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
         await upstream.read_request(reader)
         writer.write(OK)
         await writer.drain()
@@ -329,21 +319,17 @@ async def test_a_pooled_connection_dropped_as_the_request_lands_is_retried_once_
 
 
 async def test_a_fresh_connection_dropped_without_answer_is_not_retried() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
-        await upstream.read_request(reader)
-
-    async with scripted(handler) as (upstream, url):
+    async with scripted(answer_once(b"", "close")) as (upstream, url):
         client = transport()
         with pytest.raises(UpstreamUnreachable) as caught:
             await client.send("POST", url + "/x", [], b"{}")
         assert isinstance(caught.value.cause, ConnectionError)
         await client.aclose()
     assert upstream.connections == 1
-    assert STALE_RETRY_SECONDS > 0
 
 
 async def test_the_pool_never_opens_more_than_its_limit() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+    async def handler(upstream: ScriptedUpstream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
         while await upstream.read_request(reader):
             await asyncio.sleep(0.02)
             writer.write(OK)
@@ -359,15 +345,8 @@ async def test_the_pool_never_opens_more_than_its_limit() -> None:
 
 async def test_a_body_nobody_reads_stops_the_socket_instead_of_filling_memory() -> None:
     size = 16 * HIGH_WATER
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
-        await upstream.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size)
-        writer.write(b"x" * size)
-        await writer.drain()
-        await reader.read()
-
-    async with scripted(handler) as (upstream, url):
+    reply = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size + b"x" * size
+    async with scripted(answer_once(reply, "hold")) as (_, url):
         client = transport()
         response = await client.send("POST", url + "/x", [], b"{}")
         await asyncio.sleep(0.3)  # the upstream writes all it can; the proxy reads nothing
@@ -397,15 +376,7 @@ async def test_an_https_upstream_is_verified_and_reached(tmp_path: Path, monkeyp
     )
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_context.load_cert_chain(cert, key)
-    holder: list[ScriptedUpstream] = []
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
-        while await holder[0].read_request(reader):
-            writer.write(OK)
-            await writer.drain()
-
-    async with scripted(handler, server_context) as (upstream, url):
-        holder.append(upstream)
+    async with scripted(answer_each(OK), server_context) as (upstream, url):
         untrusting = transport()
         with pytest.raises(UpstreamUnreachable) as caught:
             await untrusting.send("POST", url + "/x", [], b"{}")
