@@ -91,3 +91,11 @@ def test_upstream_url_keeps_the_query() -> None:
 def test_a_base_url_is_percent_encoded_once_at_start() -> None:
     config = load_serve_config(settings={"upstreams": {"a": {"base_url": "http://h:8000/my path/v1/"}}})
     assert config.upstreams["a"].base_url == "http://h:8000/my%20path/v1"
+
+
+def test_a_password_in_a_base_url_is_masked_wherever_the_url_is_shown() -> None:
+    config = load_serve_config(settings={"upstreams": {"a": {"base_url": "http://vllm:p%40ss@h:8000/api"}}})
+    upstream = config.upstreams["a"]
+    assert upstream.base_url == "http://vllm:p%40ss@h:8000/api"  # sent as Basic credentials
+    assert upstream.shown_base_url == "http://vllm:***@h:8000/api"
+    assert load_serve_config(settings=UPSTREAM).upstreams["u"].shown_base_url == "http://127.0.0.1:9/v1"

@@ -61,6 +61,24 @@ def test_serve_raises_a_low_open_file_limit_so_the_store_keeps_its_rollouts_open
             process.stderr.close()
 
 
+def test_the_start_banner_masks_a_password_in_an_upstream_url() -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llmtap", "serve", f"++port={port}", "++upstreams.a.base_url=http://vllm:hunter2@127.0.0.1:9"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stderr is not None
+        banner = process.stderr.readline()
+        assert b"a=http://vllm:***@127.0.0.1:9" in banner and b"hunter2" not in banner
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        if process.stderr is not None:
+            process.stderr.close()
+
+
 def test_the_limit_is_never_lowered() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert raise_open_file_limit(wanted=16) == soft

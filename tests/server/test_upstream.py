@@ -20,7 +20,7 @@ from typing import Literal
 import pytest
 
 from llmtap.server.http1 import HIGH_WATER, UpstreamClosed, UpstreamReadTimeout
-from llmtap.server.upstream import Http1Transport, UpstreamUnreachable
+from llmtap.server.upstream import Http1Transport, UpstreamUnreachable, _Origin
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 
@@ -160,6 +160,53 @@ async def test_the_request_goes_as_given_and_the_connection_is_kept_alive() -> N
         b"POST /v1/chat/completions?x=%7E HTTP/1.1\r\nhost: " + host + b"\r\n"
         b"content-type: application/json\r\ncontent-length: 7\r\n\r\n{\"a\":1}"
     )
+
+
+async def test_a_base_path_and_query_go_in_the_request_target_and_the_host_keeps_its_port() -> None:
+    async with answering(OK) as (upstream, url):
+        client = transport()
+        for target in ("/api/v1/messages?beta=%2Fx", "", "?q=1"):
+            assert await body_of(client, url + target) == (200, b"{}")
+        await client.aclose()
+    request_lines = [request.split(b"\r\n")[:2] for request in upstream.requests]
+    host = b"host: " + url.removeprefix("http://").encode()
+    assert request_lines == [
+        [b"POST /api/v1/messages?beta=%2Fx HTTP/1.1", host],
+        [b"POST / HTTP/1.1", host],
+        [b"POST /?q=1 HTTP/1.1", host],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "port", "host_header"),
+    [
+        ("http://example.com", "example.com", 80, b"example.com"),
+        ("http://example.com:80", "example.com", 80, b"example.com"),
+        ("https://api.example.com:443", "api.example.com", 443, b"api.example.com"),
+        ("https://api.example.com:8443", "api.example.com", 8443, b"api.example.com:8443"),
+        ("http://[::1]:8000", "::1", 8000, b"[::1]:8000"),
+        ("http://user:secret@example.com", "example.com", 80, b"example.com"),
+    ],
+)
+def test_the_host_header_names_the_origin_without_a_default_port_or_credentials(
+    origin: str, host: str, port: int, host_header: bytes
+) -> None:
+    found = _Origin.of(origin)
+    assert (found.host, found.port, found.host_header) == (host, port, host_header)
+    assert (found.ssl is not None) == origin.startswith("https")
+
+
+async def test_credentials_in_the_base_url_go_as_basic_auth_unless_the_request_has_its_own() -> None:
+    async with answering(OK) as (upstream, url):
+        client = transport()
+        with_credentials = url.replace("http://", "http://vllm:p%40ss@")
+        assert await body_of(client, with_credentials + "/v1/models") == (200, b"{}")
+        response = await client.send("POST", with_credentials + "/v1/models", [(b"authorization", b"Bearer sk-own")], b"{}")
+        await response.aclose()
+        await client.aclose()
+    assert b"\r\nauthorization: Basic dmxsbTpwQHNz\r\n" in upstream.requests[0]  # vllm:p@ss
+    assert b"Basic" not in upstream.requests[1] and b"\r\nauthorization: Bearer sk-own\r\n" in upstream.requests[1]
+    assert b"vllm" not in upstream.requests[0].split(b"\r\n")[1]  # the host header carries no credentials
 
 
 async def test_a_get_without_body_sends_no_content_length() -> None:

@@ -57,6 +57,12 @@ class UpstreamConfig(BaseModel):
         # Percent-encoded once here: the proxy joins request paths to it exactly as clients sent them.
         return str(yarl.URL(value.rstrip("/")))
 
+    @property
+    def shown_base_url(self) -> str:
+        """The base URL as printed: a password in it is masked."""
+        url = yarl.URL(self.base_url, encoded=True)
+        return str(url.with_password("***")) if url.password is not None else self.base_url
+
     def api_key(self) -> str | None:
         """Return the key from its environment variable, or None when none is configured."""
         if self.api_key_env is None:

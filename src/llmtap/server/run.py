@@ -117,7 +117,7 @@ def run_server(config: ServeConfig) -> None:
     """Serve until interrupted, printing where it listens and where it captures."""
     prepare_server_process()
     capture = config.model_call_capture_dir if config.observability_enabled else "off"
-    upstreams = ", ".join(f"{name}={u.base_url}" for name, u in config.upstreams.items())
+    upstreams = ", ".join(f"{name}={u.shown_base_url}" for name, u in config.upstreams.items())
     workers = f"  workers: {config.workers}" if config.workers > 1 else ""
     print(
         f"llmtap serve on http://{config.host}:{config.port}  upstreams: {upstreams}  capture: {capture}{workers}",

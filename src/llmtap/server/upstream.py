@@ -11,11 +11,12 @@ docs/benchmarks.md). The proxy has its request as bytes already and wants the an
 from __future__ import annotations
 
 import asyncio
+import base64
 import ssl
 from collections import deque
 from dataclasses import dataclass
 from typing import AsyncIterator, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from .http1 import Http1Connection, Http1Response, UpstreamClosed, UpstreamProtocolError, UpstreamReadTimeout
 
@@ -73,6 +74,7 @@ class _Origin:
     ssl: ssl.SSLContext | None
     host_header: bytes
     prefix_length: int  # characters of `scheme://authority` before the request target
+    basic_auth: bytes | None  # `user:password@` in the URL, sent as Basic credentials
 
     @classmethod
     def of(cls, url: str) -> _Origin:
@@ -86,7 +88,11 @@ class _Origin:
             authority = authority.rsplit(":", 1)[0]
         host_header = authority.encode("ascii")
         context = ssl.create_default_context() if secure else None
-        return cls(parts.hostname, port, context, host_header, len(parts.scheme) + 3 + len(parts.netloc))
+        basic_auth = None
+        if parts.username is not None:
+            user_pass = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+            basic_auth = b"Basic " + base64.b64encode(user_pass)
+        return cls(parts.hostname, port, context, host_header, len(parts.scheme) + 3 + len(parts.netloc), basic_auth)
 
 
 class _Pool:
@@ -179,7 +185,10 @@ class Http1Transport:
         A connection that could not be opened is not retried.
         """
         pool = self._pool_for(url)
-        request = self._request_bytes(method, url[pool.origin.prefix_length :] or "/", pool.origin, headers, body)
+        target = url[pool.origin.prefix_length :]
+        if not target.startswith("/"):
+            target = "/" + target  # `http://host` or `http://host?query`
+        request = self._request_bytes(method, target, pool.origin, headers, body)
         loop = asyncio.get_running_loop()
         fresh_only = False
         while True:
@@ -213,8 +222,9 @@ class Http1Transport:
             pool.idle.clear()
 
     def _pool_for(self, url: str) -> _Pool:
-        end = url.find("/", url.find("://") + 3)
-        key = url if end < 0 else url[:end]
+        start = url.find("://") + 3
+        ends = [end for end in (url.find("/", start), url.find("?", start)) if end >= 0]
+        key = url[: min(ends)] if ends else url
         pool = self._pools.get(key)
         if pool is None:
             pool = self._pools[key] = _Pool(_Origin.of(key), self._max_connections)
@@ -261,6 +271,8 @@ class Http1Transport:
             if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
                 raise UpstreamUnreachable(ValueError(f"header {name!r} holds a line break"), timed_out=False)
             parts += (name, b": ", value, b"\r\n")
+        if origin.basic_auth is not None and not any(name.lower() == b"authorization" for name, _ in headers):
+            parts += (b"authorization: ", origin.basic_auth, b"\r\n")
         if body or method not in _BODYLESS_METHODS:
             parts += (b"content-length: ", str(len(body)).encode("ascii"), b"\r\n")
         parts.append(b"\r\n")
