@@ -603,3 +603,72 @@ def test_legacy_function_call_mirroring_a_tool_call_is_not_a_second_call() -> No
     }
     normalized = ChatDialect().normalize({"id": "x", "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]})
     assert [(call.call_id, call.name, call.arguments) for call in normalized.tool_calls] == [("call_0", "add", {"a": 1, "b": 2})]
+
+
+# Token chunks as servers write them, varied where a learnt template could go wrong: escapes,
+# quotes and control characters in tokens, tokens that also occur elsewhere in the chunk, keys
+# that change from chunk to chunk, a second choice, and JSON written compact or spaced.
+_tokens = st.one_of(
+    st.text(max_size=6),
+    st.sampled_from(['"', "\\", "\n", "\u00e9", "chatcmpl", "0", "content", "", " ", '"},"x":{"']),
+)
+
+
+def _token_chunk(token: str, index: int, extra: dict[str, Any], spaced: bool, ascii_only: bool) -> bytes:
+    chunk = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 7,
+        "model": "m",
+        **extra,
+        "choices": [{"index": index, "delta": {"content": token}, "logprobs": None, "finish_reason": None}],
+    }
+    text = json.dumps(chunk, separators=(", ", ": ") if spaced else (",", ":"), ensure_ascii=ascii_only)
+    return b"data: " + text.encode() + b"\n\n"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    tokens=st.lists(st.tuples(_tokens, st.sampled_from([0, 0, 0, 1])), max_size=25),
+    extra=st.sampled_from([{}, {"system_fingerprint": None}, {"usage": None}, {"stop_reason": None}]),
+    varying=st.booleans(),
+    spaced=st.booleans(),
+    ascii_only=st.booleans(),
+)
+def test_token_chunks_read_through_a_learnt_template_rebuild_what_the_general_path_does(
+    tokens: list[tuple[str, int]], extra: dict[str, Any], varying: bool, spaced: bool, ascii_only: bool
+) -> None:
+    role = b'data: {"id":"chatcmpl-1","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+    chunks = [role]
+    for number, (token, index) in enumerate(tokens):
+        chunk_extra = {**extra, "obfuscation": "x" * number} if varying else extra
+        chunks.append(_token_chunk(token, index, chunk_extra, spaced, ascii_only))
+    chunks.append(b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+    body = b"".join(chunks)
+
+    with_template = assemble(body)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr("llmtap.dialects.chat._TokenTemplate.learn", classmethod(lambda cls, *args: None))
+        general = assemble(body)
+    assert with_template.result() == general.result()
+    assert (with_template.terminal, with_template.malformed_events) == (general.terminal, general.malformed_events)
+
+
+def test_a_long_token_stream_is_read_through_its_template() -> None:
+    """The shortcut is taken: after the first plain token, the rest never reach the general path."""
+    body = b"".join([_token_chunk(f" t{n}", 0, {}, False, True) for n in range(50)]) + b"data: [DONE]\n\n"
+    assembler = DIALECT.stream_assembler()
+    applied: list[dict[str, Any]] = []
+    original = ChatStreamAssembler._apply_chunk
+
+    def counting(self: ChatStreamAssembler, chunk: dict[str, Any]) -> bool:
+        applied.append(chunk)
+        return original(self, chunk)
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(ChatStreamAssembler, "_apply_chunk", counting)
+        for event in decode_sse(body):
+            assembler.feed(event)
+    assert len(applied) == 1
+    result = assembler.result()
+    assert result is not None and result["choices"][0]["message"]["content"] == "".join(f" t{n}" for n in range(50))

@@ -15,6 +15,7 @@ The other choices' text stays whole in the stored response.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -342,6 +343,76 @@ class _ChoiceState:
         return choice
 
 
+# What a token's text may not hold to be read straight from the event's text: JSON's escapes and
+# control characters (which make the event malformed), and the quote that would end it.
+_NOT_LITERAL = re.compile(r'[\x00-\x1f"\\]')
+
+# Chunk and choice keys whose values the general path applies: a token chunk to learn from has
+# none of them but null, so applying the same chunk again changes nothing but the content.
+_TOKEN_CHUNK_NULL_KEYS = ("usage", "prompt_token_ids")
+_TOKEN_CHOICE_NULL_KEYS = ("logprobs", "finish_reason", "stop_reason", "token_ids")
+
+
+class _TokenTemplate:
+    """The text around a token in a stream's plain token chunks, learnt from one of them.
+
+    Servers send each token as the same JSON but for the token's text: `data: {"id": ..., "choices":
+    [{"index": 0, "delta": {"content": "<token>"}, ...}]}`. An event that is the learnt text before
+    the token, a literal token (no quote, escape or control character), and the learnt text after
+    it, parses to what the learnt chunk did with only the content changed, so its token is appended
+    without parsing the JSON or walking the chunk. Anything else takes the general path.
+    """
+
+    __slots__ = ("prefix", "suffix", "least_length", "choice")
+
+    def __init__(self, prefix: str, suffix: str, choice: _ChoiceState) -> None:
+        self.prefix = prefix
+        self.suffix = suffix
+        self.least_length = len(prefix) + len(suffix)
+        self.choice = choice
+
+    @classmethod
+    def learn(cls, data: str, chunk: dict[str, Any], choices: dict[int, _ChoiceState]) -> _TokenTemplate | None:
+        """A template from a chunk just applied, when it is a plain token chunk written literally."""
+        listed = chunk.get("choices")
+        if type(listed) is not list or len(listed) != 1 or type(listed[0]) is not dict:
+            return None
+        choice = listed[0]
+        delta = choice.get("delta")
+        if type(delta) is not dict or len(delta) != 1:
+            return None
+        token = delta.get("content")
+        if type(token) is not str or not token or _NOT_LITERAL.search(token):
+            return None
+        if any(chunk.get(key) is not None for key in _TOKEN_CHUNK_NULL_KEYS):
+            return None
+        if any(choice.get(key) is not None for key in _TOKEN_CHOICE_NULL_KEYS):
+            return None
+        index = _as_index(choice.get("index", 0))
+        if index not in choices or data.find(token) != data.rfind(token):  # one place only
+            return None
+        for key in ('"content":"', '"content": "'):
+            start = data.find(key + token + '"')
+            if start >= 0:
+                start += len(key)
+                return cls(data[:start], data[start + len(token) :], choices[index])
+        return None
+
+    def take(self, data: str) -> bool:
+        """Append the token of an event that fits the template; False to parse it the general way."""
+        if len(data) <= self.least_length or not data.startswith(self.prefix) or not data.endswith(self.suffix):
+            return False
+        token = data[len(self.prefix) : len(data) - len(self.suffix)]
+        if _NOT_LITERAL.search(token):
+            return False
+        choice = self.choice
+        if choice.content is None:
+            choice.content = [token]
+        else:
+            choice.content.append(token)
+        return True
+
+
 class ChatStreamAssembler:
     """Rebuilds a Chat Completions stream into one `chat.completion` object, event by event.
 
@@ -367,9 +438,13 @@ class ChatStreamAssembler:
         self._usage: dict[str, Any] | None = None
         self._prompt_token_ids: list[int] | None = None
         self._error: dict[str, Any] | None = None
+        self._tokens: _TokenTemplate | None = None
 
     def feed(self, event: SSEEvent) -> None:
         """Apply one event; malformed ones are counted and skipped, never raised."""
+        tokens = self._tokens
+        if tokens is not None and event.event is None and tokens.take(event.data):
+            return
         is_error_event = event.event == "error"
         data = event.data.strip()
         if data == "[DONE]" and not is_error_event:
@@ -391,6 +466,8 @@ class ChatStreamAssembler:
         # An error chunk may still carry choices (OpenRouter sends `finish_reason: "error"`).
         if not self._apply_chunk(payload):
             self.malformed_events += 1
+        elif self._tokens is None and error is None and not is_error_event and event.event is None:
+            self._tokens = _TokenTemplate.learn(event.data, payload, self._choices)
 
     def result(self) -> dict[str, Any] | None:
         """Return the `chat.completion` rebuilt so far, or None when nothing was learned."""
