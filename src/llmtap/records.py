@@ -176,13 +176,15 @@ class StreamTracker:
     from the stored bytes instead.
     """
 
-    __slots__ = ("_decoder", "_assembler", "broken", "_outcome")
+    __slots__ = ("_decoder", "_assembler", "broken", "_outcome", "_take_raw")
 
     def __init__(self, dialect: Dialect) -> None:
         self._decoder = SSEDecoder()
         self._assembler = dialect.stream_assembler()
         self.broken = False
         self._outcome: _StreamOutcome | None = None
+        # An assembler that can read a plain token chunk without SSE decoding (chat's template).
+        self._take_raw: Callable[[bytes], bool] | None = getattr(self._assembler, "take_raw", None)
 
     @property
     def terminal(self) -> str | None:
@@ -194,6 +196,8 @@ class StreamTracker:
         if self.broken or self._outcome is not None:
             return self.terminal is not None
         try:
+            if self._take_raw is not None and self._decoder.at_event_boundary and self._take_raw(chunk):
+                return self._assembler.terminal is not None
             for event in self._decoder.feed(chunk):
                 self._assembler.feed(event)
         except Exception:

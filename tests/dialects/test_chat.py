@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from llmtap.dialects.base import FINISH_REASONS, Normalized, Usage
 from llmtap.dialects.chat import ChatDialect, ChatStreamAssembler
 from llmtap.dialects.sse import SSEDecoder, SSEEvent, decode_sse
+from llmtap.records import StreamTracker
 from tests.fixtures import RecordedExchange, fixture, fixtures_for
 
 DIALECT = ChatDialect()
@@ -652,6 +653,18 @@ def test_token_chunks_read_through_a_learnt_template_rebuild_what_the_general_pa
         general = assemble(body)
     assert with_template.result() == general.result()
     assert (with_template.terminal, with_template.malformed_events) == (general.terminal, general.malformed_events)
+    # As a capture point meets them: an event a chunk, some after a comment line (read undecoded
+    # through the template), then the same bytes cut anywhere (decoded).
+    for stream_chunks in (
+        [b": keep-alive\n" + chunk if number % 3 == 0 else chunk for number, chunk in enumerate(chunks)],
+        [body[start : start + 7] for start in range(0, len(body), 7)],
+    ):
+        tracker = StreamTracker(DIALECT)
+        seen = [tracker.feed(chunk) for chunk in stream_chunks]
+        outcome = tracker.outcome()
+        assert outcome is not None and outcome.response == general.result()
+        assert (outcome.terminal, outcome.malformed) == (general.terminal, general.malformed_events)
+        assert seen[-1] and not any(seen[:-1])
 
 
 def test_a_long_token_stream_is_read_through_its_template() -> None:
@@ -672,3 +685,15 @@ def test_a_long_token_stream_is_read_through_its_template() -> None:
     assert len(applied) == 1
     result = assembler.result()
     assert result is not None and result["choices"][0]["message"]["content"] == "".join(f" t{n}" for n in range(50))
+
+
+def test_a_token_chunk_that_continues_a_half_read_line_is_decoded_not_read_through_the_template() -> None:
+    first, second = _token_chunk(" a", 0, {}, False, True), _token_chunk(" b", 0, {}, False, True)
+    tracker = StreamTracker(DIALECT)
+    tracker.feed(first)  # learns the template
+    tracker.feed(b'data: {"choices":[{"index":0,"delta":{"content":" c"}}]}\n: x')  # ends mid-line
+    tracker.feed(second)  # continues that line: one malformed line, not a token
+    tracker.feed(b"\ndata: [DONE]\n\n")
+    outcome = tracker.outcome()
+    assert outcome is not None and outcome.response is not None
+    assert outcome.response["choices"][0]["message"]["content"] == " a c"

@@ -346,6 +346,7 @@ class _ChoiceState:
 # What a token's text may not hold to be read straight from the event's text: JSON's escapes and
 # control characters (which make the event malformed), and the quote that would end it.
 _NOT_LITERAL = re.compile(r'[\x00-\x1f"\\]')
+_NOT_LITERAL_BYTES = re.compile(rb'[\x00-\x1f"\\]')
 
 # Chunk and choice keys whose values the general path applies: a token chunk to learn from has
 # none of them but null, so applying the same chunk again changes nothing but the content.
@@ -363,13 +364,20 @@ class _TokenTemplate:
     without parsing the JSON or walking the chunk. Anything else takes the general path.
     """
 
-    __slots__ = ("prefix", "suffix", "least_length", "choice")
+    __slots__ = ("prefix", "suffix", "least_length", "choice", "raw_prefix", "raw_suffix")
 
     def __init__(self, prefix: str, suffix: str, choice: _ChoiceState) -> None:
         self.prefix = prefix
         self.suffix = suffix
         self.least_length = len(prefix) + len(suffix)
         self.choice = choice
+        # The same event as a whole chunk of the stream (one `data:` line and its blank line), when
+        # it can be one: data of several lines cannot.
+        self.raw_prefix: bytes | None = None
+        self.raw_suffix = b""
+        if not any(end in prefix + suffix for end in ("\n", "\r")):
+            self.raw_prefix = b"data: " + prefix.encode()
+            self.raw_suffix = suffix.encode() + b"\n\n"
 
     @classmethod
     def learn(cls, data: str, chunk: dict[str, Any], choices: dict[int, _ChoiceState]) -> _TokenTemplate | None:
@@ -397,6 +405,29 @@ class _TokenTemplate:
                 start += len(key)
                 return cls(data[:start], data[start + len(token) :], choices[index])
         return None
+
+    def take_raw(self, chunk: bytes) -> bool:
+        """`take` for a whole chunk of the stream that is one such event, before any SSE decoding."""
+        raw_prefix = self.raw_prefix
+        if raw_prefix is None:
+            return False
+        while chunk.startswith(b":"):  # comment lines before the event carry nothing
+            chunk = chunk.partition(b"\n")[2]
+        if not chunk.startswith(raw_prefix) or not chunk.endswith(self.raw_suffix):
+            return False
+        token = chunk[len(raw_prefix) : len(chunk) - len(self.raw_suffix)]
+        if not token or _NOT_LITERAL_BYTES.search(token):
+            return False
+        try:
+            text = token.decode("utf-8")
+        except UnicodeDecodeError:
+            return False  # the general path replaces what does not decode
+        choice = self.choice
+        if choice.content is None:
+            choice.content = [text]
+        else:
+            choice.content.append(text)
+        return True
 
     def take(self, data: str) -> bool:
         """Append the token of an event that fits the template; False to parse it the general way."""
@@ -468,6 +499,12 @@ class ChatStreamAssembler:
             self.malformed_events += 1
         elif self._tokens is None and error is None and not is_error_event and event.event is None:
             self._tokens = _TokenTemplate.learn(event.data, payload, self._choices)
+
+    def take_raw(self, chunk: bytes) -> bool:
+        """Apply a whole chunk of the stream, undecoded, when it is one plain token event read
+        through the learnt template; False to decode it. Call only at an event boundary."""
+        tokens = self._tokens
+        return tokens is not None and tokens.take_raw(chunk)
 
     def result(self) -> dict[str, Any] | None:
         """Return the `chat.completion` rebuilt so far, or None when nothing was learned."""

@@ -58,7 +58,7 @@ class SSEDecoder:
         """Decode one chunk and return the events it completed."""
         if self._closed or not chunk:
             return []
-        if not (self._buffer or self._has_fields or self._pending_cr) and chunk.endswith(b"\n\n") and b"\r" not in chunk:
+        if self.at_event_boundary and chunk.endswith(b"\n\n") and b"\r" not in chunk:
             return self._feed_whole_events(chunk)
         if self._pending_cr:
             self._pending_cr = False
@@ -119,6 +119,11 @@ class SSEDecoder:
     def has_pending(self) -> bool:
         """True when bytes or fields of an undispatched event are waiting."""
         return bool(self._buffer) or self._has_fields
+
+    @property
+    def at_event_boundary(self) -> bool:
+        """True when the next byte starts a new line of a new event: nothing pending, no CR half-read."""
+        return not (self._buffer or self._has_fields or self._pending_cr or self._closed)
 
     def _process_line(self, raw: bytes, events: list[SSEEvent]) -> None:
         if not raw:
