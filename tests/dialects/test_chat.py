@@ -13,6 +13,7 @@ from llmtap.dialects.base import FINISH_REASONS, Normalized, Usage
 from llmtap.dialects.chat import ChatDialect, ChatStreamAssembler
 from llmtap.dialects.sse import SSEDecoder, SSEEvent, decode_sse
 from llmtap.records import StreamTracker
+from tests.dialects.token_streams import TRICKY_TOKENS, assert_templates_change_nothing
 from tests.fixtures import RecordedExchange, fixture, fixtures_for
 
 DIALECT = ChatDialect()
@@ -606,15 +607,8 @@ def test_legacy_function_call_mirroring_a_tool_call_is_not_a_second_call() -> No
     assert [(call.call_id, call.name, call.arguments) for call in normalized.tool_calls] == [("call_0", "add", {"a": 1, "b": 2})]
 
 
-# Token chunks as servers write them, varied where a learnt template could go wrong: escapes,
-# quotes and control characters in tokens, tokens that also occur elsewhere in the chunk, keys
-# that change from chunk to chunk, a second choice, and JSON written compact or spaced.
-_tokens = st.one_of(
-    st.text(max_size=6),
-    st.sampled_from(['"', "\\", "\n", "\u00e9", "chatcmpl", "0", "content", "", " ", '"},"x":{"']),
-)
-
-
+# Token chunks as servers write them, varied where a learnt template could go wrong: tricky token
+# texts, keys that change from chunk to chunk, a second choice, and JSON written compact or spaced.
 def _token_chunk(token: str, index: int, extra: dict[str, Any], spaced: bool, ascii_only: bool) -> bytes:
     chunk = {
         "id": "chatcmpl-1",
@@ -630,7 +624,7 @@ def _token_chunk(token: str, index: int, extra: dict[str, Any], spaced: bool, as
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    tokens=st.lists(st.tuples(_tokens, st.sampled_from([0, 0, 0, 1])), max_size=25),
+    tokens=st.lists(st.tuples(TRICKY_TOKENS, st.sampled_from([0, 0, 0, 1])), max_size=25),
     extra=st.sampled_from([{}, {"system_fingerprint": None}, {"usage": None}, {"stop_reason": None}]),
     varying=st.booleans(),
     spaced=st.booleans(),
@@ -645,26 +639,7 @@ def test_token_chunks_read_through_a_learnt_template_rebuild_what_the_general_pa
         chunk_extra = {**extra, "obfuscation": "x" * number} if varying else extra
         chunks.append(_token_chunk(token, index, chunk_extra, spaced, ascii_only))
     chunks.append(b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
-    body = b"".join(chunks)
-
-    with_template = assemble(body)
-    with pytest.MonkeyPatch.context() as patched:
-        patched.setattr("llmtap.dialects.chat._TokenTemplate.learn", classmethod(lambda cls, *args: None))
-        general = assemble(body)
-    assert with_template.result() == general.result()
-    assert (with_template.terminal, with_template.malformed_events) == (general.terminal, general.malformed_events)
-    # As a capture point meets them: an event a chunk, some after a comment line (read undecoded
-    # through the template), then the same bytes cut anywhere (decoded).
-    for stream_chunks in (
-        [b": keep-alive\n" + chunk if number % 3 == 0 else chunk for number, chunk in enumerate(chunks)],
-        [body[start : start + 7] for start in range(0, len(body), 7)],
-    ):
-        tracker = StreamTracker(DIALECT)
-        seen = [tracker.feed(chunk) for chunk in stream_chunks]
-        outcome = tracker.outcome()
-        assert outcome is not None and outcome.response == general.result()
-        assert (outcome.terminal, outcome.malformed) == (general.terminal, general.malformed_events)
-        assert seen[-1] and not any(seen[:-1])
+    assert_templates_change_nothing(DIALECT, chunks)
 
 
 def test_a_long_token_stream_is_read_through_its_template() -> None:

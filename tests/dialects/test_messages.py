@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from llmtap.dialects.base import FINISH_REASONS
 from llmtap.dialects.messages import MessagesDialect, MessagesStreamAssembler
 from llmtap.dialects.sse import SSEDecoder, SSEEvent, decode_sse
+from tests.dialects.token_streams import TRICKY_TOKENS, assert_templates_change_nothing
 from tests.fixtures import RecordedExchange, fixture, fixtures_for
 
 DIALECT = MessagesDialect()
@@ -651,3 +652,51 @@ def test_normalize_never_raises_on_any_json_value(value: Any) -> None:
     normalized = DIALECT.normalize(value)
     assert normalized.finish_reason_normalized in (None, *FINISH_REASONS)
     assert all(isinstance(call.arguments, dict) for call in normalized.tool_calls)
+
+
+def _message_event(payload: dict[str, Any], named: bool, spaced: bool, ascii_only: bool, padding: str = "") -> bytes:
+    """One event as Anthropic writes it, `padding` before the last brace (spaces there, in the API)."""
+    text = json.dumps(payload, separators=(", ", ": ") if spaced else (",", ":"), ensure_ascii=ascii_only)
+    name = b"event: " + payload["type"].encode() + b"\n" if named else b""
+    return name + b"data: " + (text[:-1] + padding + text[-1]).encode() + b"\n\n"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    deltas=st.lists(
+        st.tuples(TRICKY_TOKENS, st.sampled_from(["thinking", "text", "text", "restart"]), st.sampled_from(["", "", "   ", "\t ", "\x0c"])),
+        max_size=25,
+    ),
+    named=st.booleans(),
+    spaced=st.booleans(),
+    ascii_only=st.booleans(),
+)
+def test_text_and_thinking_deltas_read_through_a_learnt_template_rebuild_what_the_general_path_does(
+    deltas: list[tuple[str, str, str]], named: bool, spaced: bool, ascii_only: bool
+) -> None:
+    """Thinking in block 0 and text in block 1, interleaved, with tricky texts and padding (a form
+    feed makes an event malformed); a `restart` starts block 1 again, as a broken stream might:
+    the learnt template must not outlive it."""
+    def event(payload: dict[str, Any]) -> bytes:
+        return _message_event(payload, named, spaced, ascii_only)
+
+    chunks = [
+        event({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+                                                    "content": [], "model": "claude", "usage": {"input_tokens": 3}}}),
+        event({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}),
+        event({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}),
+    ]
+    for token, kind, padding in deltas:
+        if kind == "restart":
+            chunks.append(event({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}))
+            continue
+        index, delta_type = (0, "thinking_delta") if kind == "thinking" else (1, "text_delta")
+        delta = {"type": "content_block_delta", "index": index, "delta": {"type": delta_type, kind: token}}
+        chunks.append(_message_event(delta, named, spaced, ascii_only, padding))
+    chunks += [
+        event({"type": "content_block_stop", "index": 0}),
+        event({"type": "content_block_stop", "index": 1}),
+        event({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 9}}),
+        event({"type": "message_stop"}),
+    ]
+    assert_templates_change_nothing(DIALECT, chunks)

@@ -15,7 +15,6 @@ The other choices' text stays whole in the stored response.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -31,6 +30,7 @@ from .base import (
     parse_event_data,
 )
 from .sse import SSEEvent
+from .token_template import TokenTemplate
 
 __all__ = ["ChatDialect", "ChatStreamAssembler"]
 
@@ -343,105 +343,34 @@ class _ChoiceState:
         return choice
 
 
-# What a token's text may not hold to be read straight from the event's text: JSON's escapes and
-# control characters (which make the event malformed), and the quote that would end it.
-_NOT_LITERAL = re.compile(r'[\x00-\x1f"\\]')
-_NOT_LITERAL_BYTES = re.compile(rb'[\x00-\x1f"\\]')
-
-# Chunk and choice keys whose values the general path applies: a token chunk to learn from has
-# none of them but null, so applying the same chunk again changes nothing but the content.
+# Chunk and choice keys whose values the general path applies: a token chunk to learn a template
+# from has none of them but null, so applying the same chunk again changes nothing but the content.
 _TOKEN_CHUNK_NULL_KEYS = ("usage", "prompt_token_ids")
 _TOKEN_CHOICE_NULL_KEYS = ("logprobs", "finish_reason", "stop_reason", "token_ids")
 
 
-class _TokenTemplate:
-    """The text around a token in a stream's plain token chunks, learnt from one of them.
-
-    Servers send each token as the same JSON but for the token's text: `data: {"id": ..., "choices":
-    [{"index": 0, "delta": {"content": "<token>"}, ...}]}`. An event that is the learnt text before
-    the token, a literal token (no quote, escape or control character), and the learnt text after
-    it, parses to what the learnt chunk did with only the content changed, so its token is appended
-    without parsing the JSON or walking the chunk. Anything else takes the general path.
-    """
-
-    __slots__ = ("prefix", "suffix", "least_length", "choice", "raw_prefix", "raw_suffix")
-
-    def __init__(self, prefix: str, suffix: str, choice: _ChoiceState) -> None:
-        self.prefix = prefix
-        self.suffix = suffix
-        self.least_length = len(prefix) + len(suffix)
-        self.choice = choice
-        # The same event as a whole chunk of the stream (one `data:` line and its blank line), when
-        # it can be one: data of several lines cannot.
-        self.raw_prefix: bytes | None = None
-        self.raw_suffix = b""
-        if not any(end in prefix + suffix for end in ("\n", "\r")):
-            self.raw_prefix = b"data: " + prefix.encode()
-            self.raw_suffix = suffix.encode() + b"\n\n"
-
-    @classmethod
-    def learn(cls, data: str, chunk: dict[str, Any], choices: dict[int, _ChoiceState]) -> _TokenTemplate | None:
-        """A template from a chunk just applied, when it is a plain token chunk written literally."""
-        listed = chunk.get("choices")
-        if type(listed) is not list or len(listed) != 1 or type(listed[0]) is not dict:
-            return None
-        choice = listed[0]
-        delta = choice.get("delta")
-        if type(delta) is not dict or len(delta) != 1:
-            return None
-        token = delta.get("content")
-        if type(token) is not str or not token or _NOT_LITERAL.search(token):
-            return None
-        if any(chunk.get(key) is not None for key in _TOKEN_CHUNK_NULL_KEYS):
-            return None
-        if any(choice.get(key) is not None for key in _TOKEN_CHOICE_NULL_KEYS):
-            return None
-        index = _as_index(choice.get("index", 0))
-        if index not in choices or data.find(token) != data.rfind(token):  # one place only
-            return None
-        for key in ('"content":"', '"content": "'):
-            start = data.find(key + token + '"')
-            if start >= 0:
-                start += len(key)
-                return cls(data[:start], data[start + len(token) :], choices[index])
+def _token_template(event: SSEEvent, chunk: dict[str, Any], choices: dict[int, _ChoiceState]) -> TokenTemplate | None:
+    """The template of a chunk just applied, when it is a plain token chunk: one choice whose
+    delta is only `content`, and nothing else the general path would apply."""
+    listed = chunk.get("choices")
+    if type(listed) is not list or len(listed) != 1 or type(listed[0]) is not dict:
         return None
-
-    def take_raw(self, chunk: bytes) -> bool:
-        """`take` for a whole chunk of the stream that is one such event, before any SSE decoding."""
-        raw_prefix = self.raw_prefix
-        if raw_prefix is None:
-            return False
-        while chunk.startswith(b":"):  # comment lines before the event carry nothing
-            chunk = chunk.partition(b"\n")[2]
-        if not chunk.startswith(raw_prefix) or not chunk.endswith(self.raw_suffix):
-            return False
-        token = chunk[len(raw_prefix) : len(chunk) - len(self.raw_suffix)]
-        if not token or _NOT_LITERAL_BYTES.search(token):
-            return False
-        try:
-            text = token.decode("utf-8")
-        except UnicodeDecodeError:
-            return False  # the general path replaces what does not decode
-        choice = self.choice
-        if choice.content is None:
-            choice.content = [text]
-        else:
-            choice.content.append(text)
-        return True
-
-    def take(self, data: str) -> bool:
-        """Append the token of an event that fits the template; False to parse it the general way."""
-        if len(data) <= self.least_length or not data.startswith(self.prefix) or not data.endswith(self.suffix):
-            return False
-        token = data[len(self.prefix) : len(data) - len(self.suffix)]
-        if _NOT_LITERAL.search(token):
-            return False
-        choice = self.choice
-        if choice.content is None:
-            choice.content = [token]
-        else:
-            choice.content.append(token)
-        return True
+    choice = listed[0]
+    delta = choice.get("delta")
+    if type(delta) is not dict or len(delta) != 1:
+        return None
+    token = delta.get("content")
+    if type(token) is not str:
+        return None
+    for holder, keys in ((chunk, _TOKEN_CHUNK_NULL_KEYS), (choice, _TOKEN_CHOICE_NULL_KEYS)):
+        for key in keys:
+            if holder.get(key) is not None:
+                return None
+    index = _as_index(choice.get("index", 0))
+    state = choices.get(index) if index is not None else None
+    if state is None or state.content is None:
+        return None
+    return TokenTemplate.around(event, "content", token, state.content)
 
 
 class ChatStreamAssembler:
@@ -469,12 +398,12 @@ class ChatStreamAssembler:
         self._usage: dict[str, Any] | None = None
         self._prompt_token_ids: list[int] | None = None
         self._error: dict[str, Any] | None = None
-        self._tokens: _TokenTemplate | None = None
+        self._tokens: TokenTemplate | None = None  # see `token_template`
 
     def feed(self, event: SSEEvent) -> None:
         """Apply one event; malformed ones are counted and skipped, never raised."""
         tokens = self._tokens
-        if tokens is not None and event.event is None and tokens.take(event.data):
+        if tokens is not None and tokens.take(event):
             return
         is_error_event = event.event == "error"
         data = event.data.strip()
@@ -497,12 +426,13 @@ class ChatStreamAssembler:
         # An error chunk may still carry choices (OpenRouter sends `finish_reason: "error"`).
         if not self._apply_chunk(payload):
             self.malformed_events += 1
-        elif self._tokens is None and error is None and not is_error_event and event.event is None:
-            self._tokens = _TokenTemplate.learn(event.data, payload, self._choices)
+        elif error is None and not is_error_event and (tokens is None or not event.data.startswith(tokens.prefix)):
+            # A token the template could not read (an escaped one) needs no new template.
+            self._tokens = _token_template(event, payload, self._choices) or tokens
 
     def take_raw(self, chunk: bytes) -> bool:
-        """Apply a whole chunk of the stream, undecoded, when it is one plain token event read
-        through the learnt template; False to decode it. Call only at an event boundary."""
+        """Apply a whole chunk of the stream, undecoded, when it is one plain token event that
+        fits the learnt template; False to decode it. Call only at an event boundary."""
         tokens = self._tokens
         return tokens is not None and tokens.take_raw(chunk)
 

@@ -30,6 +30,7 @@ from .base import (
     parse_event_data,
 )
 from .sse import SSEEvent
+from .token_template import TokenTemplate
 
 __all__ = ["MessagesDialect", "MessagesStreamAssembler"]
 
@@ -159,7 +160,7 @@ class MessagesStreamAssembler:
         message = assembler.result()
     """
 
-    __slots__ = ("terminal", "malformed_events", "unknown_events", "_message", "_blocks", "_error")
+    __slots__ = ("terminal", "malformed_events", "unknown_events", "_message", "_blocks", "_error", "_tokens")
 
     def __init__(self) -> None:
         self.terminal: TerminalKind | None = None
@@ -168,9 +169,13 @@ class MessagesStreamAssembler:
         self._message: dict[str, Any] | None = None
         self._blocks: dict[int, _Block] = {}
         self._error: dict[str, Any] | None = None
+        self._tokens: TokenTemplate | None = None  # see `token_template`
 
     def feed(self, event: SSEEvent) -> None:
         """Apply one event; never raises."""
+        tokens = self._tokens
+        if tokens is not None and tokens.take(event):
+            return
         data = parse_event_data(event)
         if data is NOT_JSON:
             if event.event == "error":
@@ -190,11 +195,16 @@ class MessagesStreamAssembler:
             return
         match kind:
             case "message_start":
+                self._tokens = None  # blocks it starts replace none, but a template must not outlive a restart
                 self._on_message_start(data)
             case "content_block_start":
+                self._tokens = None  # the block may replace the one the template fills
                 self._on_block_start(data)
             case "content_block_delta":
                 self._on_block_delta(data)
+                if tokens is None or not event.data.startswith(tokens.prefix):
+                    # A delta the template could not read (an escaped one) needs no new template.
+                    self._tokens = self._token_template(event, data) or tokens
             case "content_block_stop":
                 self._on_block_stop(data)
             case "message_delta":
@@ -208,6 +218,24 @@ class MessagesStreamAssembler:
                 self.malformed_events += 1
             case _:
                 self.unknown_events += 1
+
+    def take_raw(self, chunk: bytes) -> bool:
+        """Apply a whole chunk of the stream, undecoded, when it is one text or thinking delta that
+        fits the learnt template; False to decode it. Call only at an event boundary."""
+        tokens = self._tokens
+        return tokens is not None and tokens.take_raw(chunk)
+
+    def _token_template(self, event: SSEEvent, data: Mapping[str, Any]) -> TokenTemplate | None:
+        """The template of a text or thinking delta just appended, when the delta holds nothing else."""
+        delta = data.get("delta")
+        if type(delta) is not dict or len(delta) != 2 or type(delta.get("type")) is not str:
+            return None
+        field = _APPENDING_DELTAS.get(delta["type"])
+        index = _index(data)
+        block = self._blocks.get(index) if index is not None else None
+        if field is None or type(delta.get(field)) is not str or block is None or field not in block.appended:
+            return None
+        return TokenTemplate.around(event, field, delta[field], block.appended[field])
 
     def result(self) -> dict[str, Any] | None:
         """Return the message rebuilt so far (with an `error` key after an error), or None."""

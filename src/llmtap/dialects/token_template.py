@@ -1,0 +1,122 @@
+"""Token templates: reading a stream's plain token events without parsing their JSON.
+
+A model server writes every token of a stream as the same event but for the token's text:
+
+    data: {"id":"chatcmpl-1",...,"choices":[{"index":0,"delta":{"content":" the"},...}]}
+    event: content_block_delta
+    data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":" the"}}
+
+An assembler that has just applied such an event the general way learns its template: the event
+name, and the text before and after the token. A later event that is the same name and text around
+a literal token (no quote, escape or control character, so the JSON string is the text itself)
+parses to the learnt event with only the token changed; the assembler appends its token and skips
+parsing and walking the JSON. `take_raw` does the same for a whole chunk of the stream that is one
+such event, before SSE decoding. Anything else is left to the general path, which stays the
+reference: the dialects' property tests hold the two to the same result.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .sse import SSEEvent
+
+__all__ = ["TokenTemplate"]
+
+# What a token may not hold to be read straight from the event's text: JSON's escapes and control
+# characters (which make the event malformed), and the quote that would end the string.
+_NOT_LITERAL = re.compile(r'[\x00-\x1f"\\]')
+_NOT_LITERAL_BYTES = re.compile(rb'[\x00-\x1f"\\]')
+
+# JSON's whitespace, to drop from the text after a token (and nothing else: a form feed there
+# would make the event malformed, so it must not compare equal).
+_JSON_SPACE = str.maketrans("", "", " \t\n\r")
+
+
+class TokenTemplate:
+    """The text around the token of one kind of token event; tokens that fit go to `sink`."""
+
+    __slots__ = ("event_name", "prefix", "suffix", "least_length", "sink", "raw_prefix", "raw_suffix", "bare_suffix")
+
+    def __init__(self, event_name: str | None, prefix: str, suffix: str, sink: list[str]) -> None:
+        self.event_name = event_name
+        self.prefix = prefix
+        self.suffix = suffix
+        self.least_length = len(prefix) + len(suffix)
+        self.sink = sink
+        # Anthropic pads each event with a varying run of spaces before its last brace. When the
+        # text after the token is only its closing quote and closing brackets, whitespace there
+        # means nothing to JSON, and the suffix is also matched without it.
+        bare = suffix.translate(_JSON_SPACE)
+        self.bare_suffix = bare if bare[:1] == '"' and set(bare[1:]) <= {"}", "]"} else None
+        # The same event as a whole chunk of the stream (an optional `event:` line, one `data:`
+        # line, the blank line), when it can be one: data of several lines cannot.
+        self.raw_prefix: bytes | None = None
+        self.raw_suffix = b""
+        if not any(end in f"{event_name or ''}{prefix}{suffix}" for end in ("\n", "\r")):
+            name_line = b"event: " + event_name.encode() + b"\n" if event_name is not None else b""
+            self.raw_prefix = name_line + b"data: " + prefix.encode()
+            self.raw_suffix = suffix.encode() + b"\n\n"
+
+    @classmethod
+    def around(cls, event: SSEEvent, key: str, token: str, sink: list[str]) -> TokenTemplate | None:
+        """The template of `event`, an event just applied whose JSON holds `token` as the string
+        value of `key`; None unless the token is literal and occurs nowhere else in the event."""
+        data = event.data
+        if not token or _NOT_LITERAL.search(token) or data.find(token) != data.rfind(token):
+            return None
+        for opening in (f'"{key}":"', f'"{key}": "'):
+            start = data.find(opening + token + '"')
+            if start >= 0:
+                start += len(opening)
+                return cls(event.event, data[:start], data[start + len(token) :], sink)
+        return None
+
+    def take(self, event: SSEEvent) -> bool:
+        """Append the token of an event that fits; False to apply it the general way."""
+        data = event.data
+        if event.event != self.event_name or not data.startswith(self.prefix):
+            return False
+        if data.endswith(self.suffix) and len(data) > self.least_length:
+            token = data[len(self.prefix) : len(data) - len(self.suffix)]
+            if _NOT_LITERAL.search(token):
+                return False
+        else:
+            closing = data.find('"', len(self.prefix))
+            if self.bare_suffix is None or closing <= len(self.prefix):
+                return False
+            token = data[len(self.prefix) : closing]
+            if _NOT_LITERAL.search(token) or data[closing:].translate(_JSON_SPACE) != self.bare_suffix:
+                return False
+        self.sink.append(token)
+        return True
+
+    def take_raw(self, chunk: bytes) -> bool:
+        """`take` for a whole chunk of the stream that is one such event, before SSE decoding.
+        The caller has checked that the decoder is at an event boundary."""
+        raw_prefix = self.raw_prefix
+        if raw_prefix is None:
+            return False
+        while chunk.startswith(b":"):  # comment lines before the event carry nothing
+            chunk = chunk.partition(b"\n")[2]
+        if not chunk.startswith(raw_prefix) or not chunk.endswith(b"\n\n"):
+            return False
+        if chunk.endswith(self.raw_suffix) and len(chunk) > len(raw_prefix) + len(self.raw_suffix):
+            token = chunk[len(raw_prefix) : len(chunk) - len(self.raw_suffix)]
+            if _NOT_LITERAL_BYTES.search(token):
+                return False
+        else:
+            closing = chunk.find(b'"', len(raw_prefix))
+            if self.bare_suffix is None or closing <= len(raw_prefix):
+                return False
+            token = chunk[len(raw_prefix) : closing]
+            tail = chunk[closing:-2]  # one line: a CR or LF in it would end the data line there
+            if _NOT_LITERAL_BYTES.search(token) or b"\n" in tail or b"\r" in tail:
+                return False
+            if tail.translate(None, b" \t") != self.bare_suffix.encode():
+                return False
+        try:
+            self.sink.append(token.decode("utf-8"))
+        except UnicodeDecodeError:
+            return False  # the general path replaces what does not decode
+        return True
