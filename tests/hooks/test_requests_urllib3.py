@@ -108,8 +108,8 @@ def test_urllib3_read_in_pieces_as_botocore_does_is_recorded_whole(capture_sessi
 
 
 def test_a_gzip_body_read_decoded_by_requests_is_recorded_decoded(capture_session: CaptureSession, monkeypatch: pytest.MonkeyPatch) -> None:
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     payload = gzip.compress(JSON_FIXTURE.body_bytes)
 

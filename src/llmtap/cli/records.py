@@ -10,8 +10,8 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import LlmtapError
 from ..display import calls_table, format_value, metrics_line
+from ..errors import LlmtapError
 from ..readers import aggregate_model_call_metrics, read_rollout_calls
 from ..store import CaptureStore
 

@@ -32,7 +32,13 @@ from typing import Any
 import orjson
 
 from llmtap._durable_files import replace_atomically
-from llmtap.correlation import ATTEMPT_INDEX_KEY, ROLLOUT_ID_KEY, ROLLOUT_INDEX_KEY, TASK_INDEX_KEY, rollout_id_from_run_body
+from llmtap.correlation import (
+    ATTEMPT_INDEX_KEY,
+    ROLLOUT_ID_KEY,
+    ROLLOUT_INDEX_KEY,
+    TASK_INDEX_KEY,
+    rollout_id_from_run_body,
+)
 
 __all__ = [
     "COLLECT_ERROR_KEY",

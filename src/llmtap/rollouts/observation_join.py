@@ -12,7 +12,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from llmtap.records import ModelCallRecord
 
 from .observation_schema import (
