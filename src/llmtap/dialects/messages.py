@@ -195,7 +195,7 @@ class MessagesStreamAssembler:
             return
         match kind:
             case "message_start":
-                self._tokens = None  # blocks it starts replace none, but a template must not outlive a restart
+                self._tokens = None  # a message started again: learn afresh
                 self._on_message_start(data)
             case "content_block_start":
                 self._tokens = None  # the block may replace the one the template fills
