@@ -43,3 +43,26 @@ def test_importing_the_package_loads_no_heavy_dependency() -> None:
     code = f"import sys, llmtap; print(sorted(m for m in {heavy} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+_WITHOUT_TEST_EXTRAS = """
+import importlib.abc, sys
+
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {"aiohttp", "brotli", "zstandard", "openai", "anthropic", "pytest", "hypothesis"}:
+            raise ImportError(f"{name} is only in the test extra")
+        return None
+
+sys.meta_path.insert(0, Absent())
+import llmtap, llmtap.cli, llmtap.demo, llmtap.server.run, llmtap.server.proxy, llmtap.capture, llmtap.records
+from llmtap.hooks.install import acquire_hooks
+print("ok")
+"""
+
+
+def test_llmtap_and_its_server_import_without_the_test_extras() -> None:
+    """aiohttp, brotli and the SDKs are test-only dependencies: llmtap itself must not need them."""
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_TEST_EXTRAS], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
