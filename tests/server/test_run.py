@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
 import resource
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -42,36 +44,31 @@ def test_serve_raises_a_low_open_file_limit_so_the_store_keeps_its_rollouts_open
     def start_low() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
 
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "llmtap", "serve", f"++port={port}", "++upstreams.a.base_url=http://127.0.0.1:9"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        preexec_fn=start_low,
-    )
-    try:
-        assert process.stderr is not None
-        assert b"llmtap serve on" in process.stderr.readline()  # printed after the limit is raised
+    with _serve_to_its_banner("http://127.0.0.1:9", preexec_fn=start_low) as (process, banner):
+        assert b"llmtap serve on" in banner  # printed after the limit is raised
         wanted = run._WANTED_OPEN_FILES
         assert _soft_open_files(process.pid) == (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard))
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        if process.stderr is not None:
-            process.stderr.close()
 
 
 def test_the_start_banner_masks_a_password_in_an_upstream_url() -> None:
-    port = free_port()
+    with _serve_to_its_banner("http://vllm:hunter2@127.0.0.1:9") as (_, banner):
+        assert b"a=http://vllm:***@127.0.0.1:9" in banner and b"hunter2" not in banner
+
+
+@contextlib.contextmanager
+def _serve_to_its_banner(
+    base_url: str, preexec_fn: Callable[[], None] | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], bytes]]:
+    """`llmtap serve` in front of `base_url`, and the first line it printed; stopped on exit."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "llmtap", "serve", f"++port={port}", "++upstreams.a.base_url=http://vllm:hunter2@127.0.0.1:9"],
+        [sys.executable, "-m", "llmtap", "serve", f"++port={free_port()}", f"++upstreams.a.base_url={base_url}"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        preexec_fn=preexec_fn,
     )
     try:
         assert process.stderr is not None
-        banner = process.stderr.readline()
-        assert b"a=http://vllm:***@127.0.0.1:9" in banner and b"hunter2" not in banner
+        yield process, process.stderr.readline()
     finally:
         process.terminate()
         process.wait(timeout=30)
