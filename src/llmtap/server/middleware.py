@@ -244,12 +244,7 @@ class _CapturedCall:
             if self.capturing and (self.held or self._is_terminal(body) or self._completes_body()):
                 self.held.append(message)
                 return
-            # A streamed chunk: sent here rather than through `_send`, one coroutine less per chunk.
-            try:
-                await send(message)
-            except OSError:
-                self.client_gone = True
-                raise
+            await self._send(send, message)
 
         return tee_send
 
