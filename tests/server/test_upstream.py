@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import ssl
-import struct
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -21,6 +19,7 @@ import pytest
 
 from llmtap.server.http1 import HIGH_WATER, UpstreamClosed, UpstreamReadTimeout
 from llmtap.server.upstream import Http1Transport, UpstreamUnreachable, _Origin
+from tests.support.faults import reset_connection
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 
@@ -106,9 +105,7 @@ def answer_once(reply: bytes, then: Literal["close", "hold", "reset"]) -> Handle
             await reader.read()
         elif then == "reset":
             await asyncio.sleep(0.1)
-            sock = writer.transport.get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            writer.transport.abort()
+            reset_connection(writer)
 
     return handler
 

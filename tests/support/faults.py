@@ -274,7 +274,7 @@ class FaultUpstream(StopsOnExit):
         request = await _read_request(reader)
         if request is not None:
             self.received.append(request)
-            _reset(writer)
+            reset_connection(writer)
 
     async def _respond(self, request: ReceivedFault, writer: asyncio.StreamWriter) -> str | None:
         """Answer `request`; return the kind of fault answered (None for a request naming none)."""
@@ -303,7 +303,7 @@ class FaultUpstream(StopsOnExit):
             await writer.drain()
         if fault.kind == "reset-after":
             await asyncio.sleep(self.reset_pause)
-            _reset(writer)
+            reset_connection(writer)
             return fault.kind
         if fault.kind == "close-after":
             await asyncio.sleep(self.reset_pause)
@@ -387,7 +387,7 @@ def _error_body(status: int, api_path: str) -> bytes:
 SET_COOKIE = "lb_session=injected-by-upstream; Path=/; HttpOnly"
 
 
-def _reset(writer: asyncio.StreamWriter) -> None:
+def reset_connection(writer: asyncio.StreamWriter) -> None:
     """Drop the connection with a TCP reset (RST, SO_LINGER 0), not a clean close."""
     sock = writer.get_extra_info("socket")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
