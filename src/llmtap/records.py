@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import importlib
 import math
 import zlib
@@ -146,6 +147,7 @@ def _optional_decompressor(coding: str) -> Callable[[bytes], Any] | None:
     return None
 
 
+@functools.cache  # a module that is not installed would otherwise be searched for on every response
 def _optional_module(name: str) -> Any:
     try:
         return importlib.import_module(name)
@@ -183,7 +185,7 @@ class StreamTracker:
         self._assembler = dialect.stream_assembler()
         self.broken = False
         self._outcome: _StreamOutcome | None = None
-        # An assembler that can read a plain token chunk without SSE decoding (chat's template).
+        # An assembler that can read a plain token chunk without SSE decoding (see `token_template`).
         self._take_raw: Callable[[bytes], bool] | None = getattr(self._assembler, "take_raw", None)
 
     @property
