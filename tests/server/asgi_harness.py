@@ -77,8 +77,9 @@ async def call_app(
 
 
 def replaying_app(recorded: RecordedExchange, *, pieces: int = 4, seen: list[Scope] | None = None,
-                  bodies: list[bytes] | None = None) -> ASGIApp:
-    """A model server app that answers every request with one recorded exchange, in pieces."""
+                  bodies: list[bytes] | None = None, declare_length: bool = False) -> ASGIApp:
+    """A model server app that answers every request with one recorded exchange, in pieces
+    (with a content-length header when `declare_length`)."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         chunks = []
@@ -92,8 +93,10 @@ def replaying_app(recorded: RecordedExchange, *, pieces: int = 4, seen: list[Sco
         if bodies is not None:
             bodies.append(b"".join(chunks))
         payload = recorded.body_bytes
-        await send({"type": "http.response.start", "status": recorded.status,
-                    "headers": [(b"content-type", recorded.content_type.encode())]})
+        headers = [(b"content-type", recorded.content_type.encode())]
+        if declare_length:
+            headers.append((b"content-length", str(len(payload)).encode()))
+        await send({"type": "http.response.start", "status": recorded.status, "headers": headers})
         step = max(1, len(payload) // pieces)
         for start in range(0, len(payload), step):
             await send({"type": "http.response.body", "body": payload[start:start + step], "more_body": True})

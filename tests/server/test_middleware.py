@@ -118,6 +118,26 @@ async def test_stream_terminal_is_released_only_after_the_record_is_durable(stor
     assert record.stream and not record.stream_truncated and record.error_category is None
 
 
+@pytest.mark.parametrize("pieces", [1, 4])
+async def test_a_response_of_declared_length_keeps_its_head_with_its_first_body_bytes(
+    store: CaptureStore, pieces: int
+) -> None:
+    # Its client can use nothing before the last byte, which waits for the record anyway: a head
+    # sent alone would only cost the client a wake-up of its own.
+    recorded = fixture("chat/text-basic-gpt4o")
+    app = middleware(replaying_app(recorded, pieces=pieces, declare_length=True), store)
+    sent = await call_app(app, http_scope("/ng-rollout/j/v1/chat/completions"), request_body(recorded),
+                          snapshot=lambda: store.read("j").entries.__len__())
+    assert sent.body == recorded.body_bytes
+    kinds = [message["type"] for message in sent.messages]
+    assert kinds[0] == "http.response.start" and kinds.count("http.response.start") == 1
+    if pieces == 1:  # the whole body completes the length: head and body wait for the record together
+        assert set(sent.snapshots) == {1}
+    else:  # the head goes with the first piece, at once; only the piece completing the body waits
+        assert sent.snapshots[:2] == [0, 0] and sent.snapshots[-1] == 1
+        assert sent.snapshots.count(0) == pieces
+
+
 async def test_stream_without_terminal_is_recorded_truncated_with_partial(store: CaptureStore) -> None:
     recorded = fixture("chat/text-stream-include-usage-gpt4")
     cut = type(recorded)(recorded.dialect, recorded.name, {

@@ -142,6 +142,7 @@ class _CapturedCall:
         )
         self.tracker: StreamTracker | None = None
         self.held: list[Message] = []
+        self.holding_body = False  # once a body chunk is held, every later one is too
         self.response_started = False
         self.finished = False
         self.client_gone = False
@@ -230,6 +231,12 @@ class _CapturedCall:
             if message["type"] != "http.response.body" or self.finished:
                 if message["type"] == "http.response.start":
                     self._on_start(message)
+                    if self.capturing and self.content_length is not None:
+                        # A response of declared length is no use to its client before its last
+                        # byte, which is held until durable anyway: its head waits with it, so the
+                        # client gets one write, not a head now and the body after the sync.
+                        self.held.append(message)
+                        return
                 await self._send(send, message)
                 return
             body = message.get("body", b"")
@@ -241,9 +248,12 @@ class _CapturedCall:
                 await self._commit()
                 await self._release(send)
                 return
-            if self.capturing and (self.held or self._is_terminal(body) or self._completes_body()):
+            if self.capturing and (self.holding_body or self._is_terminal(body) or self._completes_body()):
+                self.holding_body = True
                 self.held.append(message)
                 return
+            if self.held:
+                await self._release(send)  # the held start goes with the first chunk that is not held
             await self._send(send, message)
 
         return tee_send
