@@ -36,7 +36,10 @@ _JSON_SPACE = str.maketrans("", "", " \t\n\r")
 class TokenTemplate:
     """The text around the token of one kind of token event; tokens that fit go to `sink`."""
 
-    __slots__ = ("event_name", "prefix", "suffix", "least_length", "sink", "raw_prefix", "raw_suffix", "bare_suffix")
+    __slots__ = (
+        "event_name", "prefix", "suffix", "least_length", "sink", "raw_prefix", "raw_suffix", "bare_suffix",
+        "raw_bare_suffix",
+    )
 
     def __init__(self, event_name: str | None, prefix: str, suffix: str, sink: list[str]) -> None:
         self.event_name = event_name
@@ -48,12 +51,14 @@ class TokenTemplate:
         # text after the token is only its closing quote and closing brackets, whitespace there
         # means nothing to JSON, and the suffix is also matched without it.
         bare = suffix.translate(_JSON_SPACE)
-        self.bare_suffix = bare if bare[:1] == '"' and set(bare[1:]) <= {"}", "]"} else None
+        self.bare_suffix = bare if bare[:1] == '"' and not bare[1:].strip("}]") else None
         # The same event as a whole chunk of the stream (an optional `event:` line, one `data:`
         # line, the blank line), when it can be one: data of several lines cannot.
         self.raw_prefix: bytes | None = None
         self.raw_suffix = b""
-        if not any(end in f"{event_name or ''}{prefix}{suffix}" for end in ("\n", "\r")):
+        self.raw_bare_suffix = bare.encode() if self.bare_suffix is not None else None
+        text = f"{event_name or ''}{prefix}{suffix}"
+        if "\n" not in text and "\r" not in text:
             name_line = b"event: " + event_name.encode() + b"\n" if event_name is not None else b""
             self.raw_prefix = name_line + b"data: " + prefix.encode()
             self.raw_suffix = suffix.encode() + b"\n\n"
@@ -101,20 +106,20 @@ class TokenTemplate:
             chunk = chunk.partition(b"\n")[2]
         if not chunk.startswith(raw_prefix) or not chunk.endswith(b"\n\n"):
             return False
-        if chunk.endswith(self.raw_suffix) and len(chunk) > len(raw_prefix) + len(self.raw_suffix):
-            token = chunk[len(raw_prefix) : len(chunk) - len(self.raw_suffix)]
-            if _NOT_LITERAL_BYTES.search(token):
-                return False
+        start, raw_suffix = len(raw_prefix), self.raw_suffix
+        if chunk.endswith(raw_suffix) and len(chunk) > start + len(raw_suffix):
+            token = chunk[start : len(chunk) - len(raw_suffix)]
         else:
-            closing = chunk.find(b'"', len(raw_prefix))
-            if self.bare_suffix is None or closing <= len(raw_prefix):
+            closing = chunk.find(b'"', start)
+            if self.raw_bare_suffix is None or closing <= start:
                 return False
-            token = chunk[len(raw_prefix) : closing]
-            tail = chunk[closing:-2]  # one line: a CR or LF in it would end the data line there
-            if _NOT_LITERAL_BYTES.search(token) or b"\n" in tail or b"\r" in tail:
+            # The rest of the line, spaces and tabs dropped, must be the bare suffix exactly: a CR
+            # or LF left in it (which would end the data line) or any other byte fails the test.
+            if chunk[closing:-2].translate(None, b" \t") != self.raw_bare_suffix:
                 return False
-            if tail.translate(None, b" \t") != self.bare_suffix.encode():
-                return False
+            token = chunk[start:closing]
+        if _NOT_LITERAL_BYTES.search(token):
+            return False
         try:
             self.sink.append(token.decode("utf-8"))
         except UnicodeDecodeError:
