@@ -67,11 +67,16 @@ class PendingAppend:
 def settle(entries: Sequence[PendingAppend], outcomes: Sequence[Outcome]) -> None:
     """Wake every appender: threads one by one, and each event loop once for all its futures
     (directly when called on that loop's own thread)."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[AppendResult], Outcome]]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, list[PendingAppend]] = {}
+    last_loop: asyncio.AbstractEventLoop | None = None
+    same_loop: list[PendingAppend] = []
     for entry, outcome in zip(entries, outcomes):
         entry.outcome = outcome
         if entry.future is not None:
-            by_loop.setdefault(entry.future.get_loop(), []).append((entry.future, outcome))
+            if entry.future.get_loop() is not last_loop:  # nearly always one loop: one list lookup
+                last_loop = entry.future.get_loop()
+                same_loop = by_loop.setdefault(last_loop, [])
+            same_loop.append(entry)
         elif entry.gate is not None:
             entry.gate.release()
     if not by_loop:
@@ -90,8 +95,10 @@ def settle(entries: Sequence[PendingAppend], outcomes: Sequence[Outcome]) -> Non
             pass
 
 
-def _settle_futures(settled: list[tuple[asyncio.Future[AppendResult], Outcome]]) -> None:
-    for future, outcome in settled:
+def _settle_futures(settled: list[PendingAppend]) -> None:
+    for entry in settled:
+        future, outcome = entry.future, entry.outcome
+        assert future is not None
         if future.done():  # the awaiting task was cancelled; its record was still written
             continue
         if isinstance(outcome, StoreError):

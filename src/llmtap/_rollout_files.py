@@ -86,7 +86,7 @@ class RolloutFiles:
     links left means a clear() since, and the file and the fence are looked up again.
     """
 
-    __slots__ = ("cleared_at", "closed", "data_fd", "lock_fd", "mutex")
+    __slots__ = ("cleared_at", "closed", "data_fd", "lock_fd", "mutex", "data_path")
 
     def __init__(self, lock_path: str) -> None:
         self.mutex = threading.Lock()
@@ -94,6 +94,7 @@ class RolloutFiles:
         self.lock_fd = DESCRIPTORS.open(lock_path, os.O_RDWR | os.O_CREAT)
         self.data_fd: int | None = None
         self.cleared_at: float | None = None
+        self.data_path: bytes | None = None  # the data file's path encoded once, for the sync helper
 
     def open_data(self, path: str) -> int:
         """Open (creating) the data file for append; the caller has checked the fence first."""

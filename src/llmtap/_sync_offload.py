@@ -62,7 +62,7 @@ class SyncOffload(Generic[T]):
         self._flush_scheduled = False
         self._finalizer: weakref.finalize[..., SyncOffload[T]] | None = None
 
-    def submit(self, token: T, path: str, inode: tuple[int, int], new_file: bool, *, batched: bool = False) -> bool:
+    def submit(self, token: T, path: bytes, inode: tuple[int, int], new_file: bool, *, batched: bool = False) -> bool:
         """Ask the helper to sync `path` (which must still be `inode`); False to sync it another way.
 
         Call on the thread of a running event loop: its selector delivers the acknowledgement.
@@ -75,13 +75,12 @@ class SyncOffload(Generic[T]):
         loop = asyncio.get_running_loop()
         if loop is not self._loop and not self._attach(loop):
             return False
-        encoded = os.fsencode(path)
         with self._lock:
             job_id = self._next_id
             self._next_id += 1
             self._pending[job_id] = token
-            self._outbox.append(REQUEST.pack(job_id, inode[0], inode[1], len(encoded), NEW_FILE if new_file else 0))
-            self._outbox.append(encoded)
+            self._outbox.append(REQUEST.pack(job_id, inode[0], inode[1], len(path), NEW_FILE if new_file else 0))
+            self._outbox.append(path)
             if self._flush_scheduled or batched:
                 return True
             self._flush_scheduled = True

@@ -71,12 +71,19 @@ _TURN_WAIT_SECONDS = 30.0  # how long close() waits for another thread's loop to
 _JSON_TYPE_NAMES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
+# Ids already found valid: every append checks its id, and a rollout makes many calls.
+_VALID_IDS: set[str] = set()
+_VALID_IDS_KEPT = 65536
+
+
 def validate_rollout_id(rollout_id: object) -> str:
     """Return `rollout_id` if it is a safe file-name stem, else raise InvalidRolloutIdError.
 
     The one id check in llmtap: ASCII letters, digits, '.', '_' and '-', starting with a letter or
     digit, at most 200 characters. That rules out separators, "..", hidden files and spaces.
     """
+    if type(rollout_id) is str and rollout_id in _VALID_IDS:
+        return rollout_id
     if not isinstance(rollout_id, str):
         raise InvalidRolloutIdError(rollout_id, f"it is a {type(rollout_id).__name__}, not a string")
     if not rollout_id:
@@ -85,6 +92,10 @@ def validate_rollout_id(rollout_id: object) -> str:
         raise InvalidRolloutIdError(rollout_id, f"it has {len(rollout_id)} characters, more than 200")
     if ROLLOUT_ID_PATTERN.fullmatch(rollout_id) is None:
         raise InvalidRolloutIdError(rollout_id)
+    if type(rollout_id) is str:
+        if len(_VALID_IDS) >= _VALID_IDS_KEPT:
+            _VALID_IDS.clear()
+        _VALID_IDS.add(rollout_id)
     return rollout_id
 
 
@@ -254,8 +265,11 @@ class CaptureStore:
         self._offload: SyncOffload[_SyncJob] = SyncOffload(self._offloaded, enabled=self._sync_process)
         self._turn = threading.local()  # `lines`: what this thread's event loop appended in its current turn
         self._inline_syncs = _InlineSyncGate()
-        self._turn_lines_cond = threading.Condition()
-        self._turn_lines_waiting = 0  # accepted by append_async, not yet written or queued
+        # Guards the count of lines accepted by append_async and not yet written or queued; a
+        # plain lock (taken on every append), with a condition on it that only close() waits on.
+        self._turn_lines_lock = threading.Lock()
+        self._turn_lines_cond = threading.Condition(self._turn_lines_lock)
+        self._turn_lines_waiting = 0
         self._closing = False
 
     def __repr__(self) -> str:
@@ -306,7 +320,7 @@ class CaptureStore:
         future: asyncio.Future[AppendResult] = loop.create_future()
         rollout_id = validate_rollout_id(rollout_id)
         entry = PendingAppend(self._encode(rollout_id, record), _started_at(record), future)
-        with self._turn_lines_cond:
+        with self._turn_lines_lock:
             if self._closing:
                 self._enqueue(rollout_id, entry)  # raises the closed store's error
             self._turn_lines_waiting += 1
@@ -391,12 +405,14 @@ class CaptureStore:
             if sync_here and not new_file and self._inline_syncs.allows():
                 self._sync_here(job, fd)  # still this rollout's open data file: the mutex is held
                 return late
+            if files.data_path is None:
+                files.data_path = os.fsencode(self._sibling(rollout_id, DATA_SUFFIX))
+            path = files.data_path
         except Exception as exc:
             self._fail(rollout_id, [entry for entry in entries if entry.outcome is None], exc)
             return []
         finally:
             files.mutex.release()
-        path = self._sibling(rollout_id, DATA_SUFFIX)
         if not self._offload.submit(job, path, job.inode, job.new_file, batched=True):
             self._sync_on_threads(job)
         return late
@@ -429,8 +445,11 @@ class CaptureStore:
         self._settle_durable(durable)
 
     def _settle_durable(self, jobs: list[_SyncJob]) -> None:
-        entries = [entry for job in jobs for entry in job.entries]
-        results = [_append_result(self._sibling(job.rollout_id, DATA_SUFFIX), False) for job in jobs for _ in job.entries]
+        entries: list[PendingAppend] = []
+        results: list[AppendResult] = []
+        for job in jobs:
+            entries += job.entries
+            results += [_append_result(self._sibling(job.rollout_id, DATA_SUFFIX), False)] * len(job.entries)
         settle(entries, results)
 
     def _sync_batch(self, jobs: list[_SyncJob]) -> None:
@@ -714,7 +733,7 @@ class CaptureStore:
     def close(self) -> None:
         """Wait for in-flight commits and syncs, stop the helper threads and close the rollouts'
         files; later appends raise StoreError. Appends already accepted are written first."""
-        with self._turn_lines_cond:
+        with self._turn_lines_lock:
             self._closing = True
         own_turn = getattr(self._turn, "lines", None)
         if own_turn:  # closed from the loop that appended them, before its turn ended
