@@ -148,7 +148,10 @@ class Exchange:
     @property
     def response_body(self) -> bytes:
         """The whole response body received so far."""
-        return b"".join(chunk for _, chunk in self.response_chunks)
+        chunks = self.response_chunks
+        if len(chunks) == 1 and type(chunks[0][1]) is bytes:  # a JSON body as it came: no copy
+            return chunks[0][1]
+        return b"".join([chunk for _, chunk in chunks])
 
     @property
     def is_stream(self) -> bool:

@@ -113,6 +113,8 @@ def _decode_content(body: bytes, encoding: str) -> bytes:
     those are decoded when the same module is there; otherwise ValueError, and the record keeps
     the raw bytes.
     """
+    if not encoding:  # nearly every response
+        return body
     for coding in reversed([part.strip().lower() for part in encoding.split(",")]):
         if body and coding not in ("", "identity"):
             body = _decode_one(body, coding)
