@@ -13,7 +13,7 @@ from llmtap.dialects.base import FINISH_REASONS, Normalized, Usage
 from llmtap.dialects.chat import ChatDialect, ChatStreamAssembler
 from llmtap.dialects.sse import SSEDecoder, SSEEvent, decode_sse
 from llmtap.records import StreamTracker
-from tests.dialects.token_streams import TRICKY_TOKENS, assert_templates_change_nothing
+from tests.dialects.token_streams import ESCAPED_TOKENS, TRICKY_TOKENS, assert_templates_change_nothing
 from tests.fixtures import RecordedExchange, fixture, fixtures_for
 
 DIALECT = ChatDialect()
@@ -643,8 +643,10 @@ def test_token_chunks_read_through_a_learnt_template_rebuild_what_the_general_pa
 
 
 def test_a_long_token_stream_is_read_through_its_template() -> None:
-    """The shortcut is taken: after the first plain token, the rest never reach the general path."""
-    body = b"".join([_token_chunk(f" t{n}", 0, {}, False, True) for n in range(50)]) + b"data: [DONE]\n\n"
+    """The shortcut is taken: after the first plain token, the rest never reach the general path,
+    escaped ones included."""
+    tokens = [f" t{n}" if n % 2 == 0 else ESCAPED_TOKENS[n % len(ESCAPED_TOKENS)] for n in range(50)]
+    body = b"".join([_token_chunk(token, 0, {}, False, True) for token in tokens]) + b"data: [DONE]\n\n"
     assembler = DIALECT.stream_assembler()
     applied: list[dict[str, Any]] = []
     original = ChatStreamAssembler._apply_chunk
@@ -659,7 +661,7 @@ def test_a_long_token_stream_is_read_through_its_template() -> None:
             assembler.feed(event)
     assert len(applied) == 1
     result = assembler.result()
-    assert result is not None and result["choices"][0]["message"]["content"] == "".join(f" t{n}" for n in range(50))
+    assert result is not None and result["choices"][0]["message"]["content"] == "".join(tokens)
 
 
 def test_a_token_chunk_that_continues_a_half_read_line_is_decoded_not_read_through_the_template() -> None:

@@ -15,10 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import llmtap.dialects.messages as messages_module
 from llmtap.dialects.base import FINISH_REASONS
 from llmtap.dialects.messages import MessagesDialect, MessagesStreamAssembler
 from llmtap.dialects.sse import SSEDecoder, SSEEvent, decode_sse
-from tests.dialects.token_streams import TRICKY_TOKENS, assert_templates_change_nothing
+from llmtap.records import StreamTracker
+from tests.dialects.token_streams import ESCAPED_TOKENS, TRICKY_TOKENS, assert_templates_change_nothing
 from tests.fixtures import RecordedExchange, fixture, fixtures_for
 
 DIALECT = MessagesDialect()
@@ -700,3 +702,35 @@ def test_text_and_thinking_deltas_read_through_a_learnt_template_rebuild_what_th
         event({"type": "message_stop"}),
     ]
     assert_templates_change_nothing(DIALECT, chunks)
+
+
+def test_padded_deltas_escaped_or_not_are_read_through_the_template_after_the_first() -> None:
+    """Anthropic pads each event with a varying run of spaces; escaped texts (line breaks, quotes)
+    still fit the template learnt from the first plain delta."""
+    texts = [f" w{n}" if n % 2 == 0 else ESCAPED_TOKENS[n % len(ESCAPED_TOKENS)] for n in range(40)]
+    start = {"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+                                                  "content": [], "model": "claude", "usage": {"input_tokens": 3}}}
+    chunks = [_message_event(start, True, False, True),
+              _message_event({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                             True, False, True)]
+    for number, text in enumerate(texts):
+        delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}
+        chunks.append(_message_event(delta, True, False, True, padding=" " * (number % 7)))
+    chunks += [_message_event({"type": "content_block_stop", "index": 0}, True, False, True),
+               _message_event({"type": "message_stop"}, True, False, True)]
+    parsed: list[object] = []
+    original = messages_module.parse_event_data
+
+    def counting(event: Any) -> Any:
+        parsed.append(event)
+        return original(event)
+
+    tracker = StreamTracker(DIALECT)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(messages_module, "parse_event_data", counting)
+        for chunk in chunks:
+            tracker.feed(chunk)
+    outcome = tracker.outcome()
+    assert outcome is not None and outcome.terminal == "completed"
+    assert outcome.response is not None and outcome.response["content"][0]["text"] == "".join(texts)
+    assert len(parsed) == 5  # message_start, block start, the first delta, block stop, message_stop

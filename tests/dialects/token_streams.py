@@ -16,6 +16,10 @@ TRICKY_TOKENS = st.one_of(
     st.sampled_from(['"', "\\", "\n", "\u00e9", "chatcmpl", "0", "content", "text", "", " ", '"},"x":{"']),
 )
 
+# Tokens a model writes all the time that JSON escapes: line breaks, quotes, tabs, a backslash, and
+# (with ensure_ascii) every non-ASCII letter.
+ESCAPED_TOKENS = ["\n", ' "quoted"', "\t", "a\\b", "\u00e9t\u00e9", "\n\n```"]
+
 
 def assert_templates_change_nothing(dialect: Dialect, chunks: list[bytes]) -> None:
     """Assemble the stream `chunks` with and without templates, each way a capture point meets it:

@@ -8,9 +8,9 @@ A model server writes every token of a stream as the same event but for the toke
 
 An assembler that has just applied such an event the general way learns its template: the event
 name, and the text before and after the token. A later event that is the same name and text around
-a literal token (no quote, escape or control character, so the JSON string is the text itself)
-parses to the learnt event with only the token changed; the assembler appends its token and skips
-parsing and walking the JSON. `take_raw` does the same for a whole chunk of the stream that is one
+a token parses to the learnt event with only the token changed; the assembler appends its token and
+skips parsing and walking the JSON. A literal token (no quote, escape or control character) is its
+own text; one with escapes (a newline, a quote) is decoded alone, as the JSON string it must be. `take_raw` does the same for a whole chunk of the stream that is one
 such event, before SSE decoding. Anything else is left to the general path, which stays the
 reference: the dialects' property tests hold the two to the same result.
 """
@@ -18,6 +18,8 @@ reference: the dialects' property tests hold the two to the same result.
 from __future__ import annotations
 
 import re
+
+import orjson
 
 from .sse import SSEEvent
 
@@ -27,6 +29,16 @@ __all__ = ["TokenTemplate"]
 # characters (which make the event malformed), and the quote that would end the string.
 _NOT_LITERAL = re.compile(r'[\x00-\x1f"\\]')
 _NOT_LITERAL_BYTES = re.compile(rb'[\x00-\x1f"\\]')
+
+def _string_body(token: str | bytes) -> str | None:
+    """The text of `token` read as the inside of a JSON string, or None when it is not one whole,
+    valid string (an unescaped quote or control character, a bad escape, bytes that are not UTF-8)."""
+    try:
+        text = orjson.loads(b'"' + token + b'"' if isinstance(token, bytes) else f'"{token}"')
+    except orjson.JSONDecodeError:
+        return None
+    return text if type(text) is str else None
+
 
 # JSON's whitespace, to drop from the text after a token (and nothing else: a form feed there
 # would make the event malformed, so it must not compare equal).
@@ -83,15 +95,17 @@ class TokenTemplate:
         if event.event != self.event_name or not data.startswith(self.prefix):
             return False
         if data.endswith(self.suffix) and len(data) > self.least_length:
-            token = data[len(self.prefix) : len(data) - len(self.suffix)]
-            if _NOT_LITERAL.search(token):
-                return False
+            token: str | None = data[len(self.prefix) : len(data) - len(self.suffix)]
         else:
-            closing = data.find('"', len(self.prefix))
+            closing = data.rfind('"', len(self.prefix))  # the suffix's quote: its brackets hold none
             if self.bare_suffix is None or closing <= len(self.prefix):
                 return False
+            if data[closing:].translate(_JSON_SPACE) != self.bare_suffix:
+                return False
             token = data[len(self.prefix) : closing]
-            if _NOT_LITERAL.search(token) or data[closing:].translate(_JSON_SPACE) != self.bare_suffix:
+        if _NOT_LITERAL.search(token):
+            token = _string_body(token)
+            if token is None:
                 return False
         self.sink.append(token)
         return True
@@ -110,7 +124,7 @@ class TokenTemplate:
         if chunk.endswith(raw_suffix) and len(chunk) > start + len(raw_suffix):
             token = chunk[start : len(chunk) - len(raw_suffix)]
         else:
-            closing = chunk.find(b'"', start)
+            closing = chunk.rfind(b'"', start)  # the suffix's quote: its brackets hold none
             if self.raw_bare_suffix is None or closing <= start:
                 return False
             # The rest of the line, spaces and tabs dropped, must be the bare suffix exactly: a CR
@@ -119,7 +133,11 @@ class TokenTemplate:
                 return False
             token = chunk[start:closing]
         if _NOT_LITERAL_BYTES.search(token):
-            return False
+            text = _string_body(token)
+            if text is None:
+                return False
+            self.sink.append(text)
+            return True
         try:
             self.sink.append(token.decode("utf-8"))
         except UnicodeDecodeError:
