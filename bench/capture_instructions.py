@@ -8,8 +8,9 @@ capture's cost shows, which no timed run here can show.
 
 Each fixture is served as `llmtap serve` forwards it: the head, then the JSON body as one chunk or
 each SSE event as its own chunk (with a turn of the loop between them), then the end. Calls go 32
-at a time, each worker under its own rollout id, into a store on tmpfs. The sync helper process is
-not counted (its CPU is a few percent of capture's, see docs/benchmarks.md).
+at a time, each worker under its own rollout id, into a store on tmpfs, in a process with the
+collector settings of `llmtap serve` (`--default-gc` for CPython's own). The sync helper process
+is not counted (its CPU is a few percent of capture's, see docs/benchmarks.md).
 Each figure is (count at N2 calls - count at N1 calls) / (N2 - N1): start-up and imports cancel.
 
     .venv/bin/python bench/capture_instructions.py
@@ -107,10 +108,10 @@ async def drive(name: str, capture: bool, calls: int) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def count(name: str, capture: bool, calls: int) -> int:
+def count(name: str, capture: bool, calls: int, gc_mode: str) -> int:
     """Instructions of one run of this script driving `calls` calls, under callgrind."""
     command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-               str(Path(__file__).resolve()), "--drive", name, "on" if capture else "off", str(calls)]
+               str(Path(__file__).resolve()), "--drive", name, "on" if capture else "off", str(calls), gc_mode]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     found = COLLECTED.search(done.stderr)
     if done.returncode != 0 or found is None:
@@ -118,8 +119,8 @@ def count(name: str, capture: bool, calls: int) -> int:
     return int(found.group(1))
 
 
-def per_call(name: str, capture: bool, low: int, high: int, pool: ThreadPoolExecutor) -> float:
-    first, second = pool.submit(count, name, capture, low), pool.submit(count, name, capture, high)
+def per_call(name: str, capture: bool, low: int, high: int, gc_mode: str, pool: ThreadPoolExecutor) -> float:
+    first, second = pool.submit(count, name, capture, low, gc_mode), pool.submit(count, name, capture, high, gc_mode)
     return (second.result() - first.result()) / (high - low)
 
 
@@ -127,12 +128,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fixtures", nargs="+", default=list(FIXTURES))
     parser.add_argument("--calls", nargs=2, type=int, default=[128, 640], metavar=("N1", "N2"))
-    parser.add_argument("--drive", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--default-gc", action="store_true", help="CPython's collector settings, not llmtap serve's")
+    parser.add_argument("--drive", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.drive:
-        name, capture, calls = args.drive
+        name, capture, calls, gc_mode = args.drive
+        if gc_mode == "steady":
+            from llmtap.server.run import steady_gc
+
+            steady_gc()
         asyncio.run(drive(name, capture == "on", int(calls)))
         return 0
+    gc_mode = "default" if args.default_gc else "steady"
     low, high = args.calls
     if not 0 < low < high or low % CONCURRENCY or high % CONCURRENCY:
         parser.error(f"--calls takes N1 < N2, both multiples of {CONCURRENCY}")
@@ -140,13 +147,13 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind); it does the counting.")
     for name in args.fixtures:
         fixture(name)  # a wrong name fails here, before any slow run
-    print(f"instructions per call, capture off and on ({CONCURRENCY} in flight, N = {low} and {high}); "
-          f"Python {sys.version.split()[0]}")
+    print(f"instructions per call, capture off and on ({CONCURRENCY} in flight, N = {low} and {high}, "
+          f"{gc_mode} collector); Python {sys.version.split()[0]}")
     print(f"{'fixture':40} {'off':>10} {'on':>10} {'capture':>10}")
     with ThreadPoolExecutor(max_workers=2) as pool:  # one valgrind per core
         for name in args.fixtures:
-            off = per_call(name, False, low, high, pool)
-            on = per_call(name, True, low, high, pool)
+            off = per_call(name, False, low, high, gc_mode, pool)
+            on = per_call(name, True, low, high, gc_mode, pool)
             print(f"{name:40} {off:10.0f} {on:10.0f} {on - off:+10.0f}", flush=True)
     return 0
 
