@@ -98,7 +98,7 @@ def settle(entries: Sequence[PendingAppend], outcomes: Sequence[Outcome]) -> Non
 def _settle_futures(settled: list[PendingAppend]) -> None:
     for entry in settled:
         future, outcome = entry.future, entry.outcome
-        assert future is not None
+        assert future is not None and outcome is not None  # settle() set it
         if future.done():  # the awaiting task was cancelled; its record was still written
             continue
         if isinstance(outcome, StoreError):

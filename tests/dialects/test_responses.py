@@ -14,9 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import llmtap.dialects.responses as responses_module
 from llmtap.dialects.base import Normalized
 from llmtap.dialects.responses import ResponsesAssembler, ResponsesDialect
 from llmtap.dialects.sse import SSEDecoder, SSEEvent, decode_sse
+from llmtap.records import StreamTracker
+from tests.dialects.token_streams import ESCAPED_TOKENS, TRICKY_TOKENS, assert_templates_change_nothing
 from tests.fixtures import RecordedExchange, fixture, fixtures_for
 
 DIALECT = ResponsesDialect()
@@ -688,3 +691,87 @@ def test_a_recorded_event_with_one_field_replaced_never_raises(exchange: Recorde
         "error",
         "other",
     )
+
+
+# Text deltas as OpenAI writes them: `sequence_number` and `obfuscation` change with every event,
+# before or after the delta depending on the API's age; the text target may change between deltas.
+def _delta(token: str, sequence: int, *, item: int, part: int, kind: str, early: bool, noise: str,
+           logprobs: list[Any], spaced: bool, ascii_only: bool) -> bytes:
+    head: dict[str, Any] = {"type": kind}
+    if early:
+        head["sequence_number"] = sequence
+    event = {**head, "item_id": f"msg_{item}", "output_index": item, "content_index": part, "delta": token,
+             "logprobs": logprobs, "obfuscation": noise}
+    if not early:
+        event["sequence_number"] = sequence
+    text = json.dumps(event, separators=(", ", ": ") if spaced else (",", ":"), ensure_ascii=ascii_only)
+    return f"event: {kind}\ndata: {text}\n\n".encode()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    deltas=st.lists(
+        st.tuples(
+            TRICKY_TOKENS,
+            st.sampled_from([(0, 0), (0, 0), (0, 0), (0, 1), (1, 0)]),
+            st.sampled_from(["response.output_text.delta"] * 3 + ["response.refusal.delta"]),
+            st.text(alphabet="abcXYZ019", max_size=16) | st.sampled_from(['a"b', "\\n", ""]),
+            st.sampled_from([[], [], [], [{"token": "x", "logprob": -0.1}]]),
+        ),
+        max_size=25,
+    ),
+    early=st.booleans(),
+    spaced=st.booleans(),
+    ascii_only=st.booleans(),
+)
+def test_text_deltas_read_through_a_learnt_template_rebuild_what_the_general_path_does(
+    deltas: list[tuple[str, tuple[int, int], str, str, list[Any]]], early: bool, spaced: bool, ascii_only: bool
+) -> None:
+    chunks = [sse([{"type": "response.created", "sequence_number": 0, "response": {"id": "resp_1", "status": "in_progress"}}])]
+    for number, (token, (item, part), kind, noise, logprobs) in enumerate(deltas, start=1):
+        chunks.append(_delta(token, number, item=item, part=part, kind=kind, early=early, noise=noise,
+                             logprobs=logprobs, spaced=spaced, ascii_only=ascii_only))
+    chunks.append(sse([{"type": "response.completed", "sequence_number": len(deltas) + 1,
+                        "response": {"id": "resp_1", "status": "completed", "output": []}}]))
+    assert_templates_change_nothing(DIALECT, chunks)
+
+
+@pytest.mark.parametrize("early", [True, False], ids=["sequence-number-first", "sequence-number-last"])
+def test_a_long_delta_stream_is_read_through_its_template(early: bool) -> None:
+    """After the first plain delta, the rest never reach the general path, escaped ones included,
+    whatever their sequence numbers and obfuscation."""
+    tokens = [f" t{n}" if n % 2 == 0 else ESCAPED_TOKENS[n % len(ESCAPED_TOKENS)] for n in range(60)]
+    added = {"type": "response.output_item.added", "sequence_number": 1, "output_index": 0,
+             "item": {"id": "msg_0", "type": "message", "role": "assistant", "content": []}}
+    chunks = [sse([added])] + [
+        _delta(token, number + 2, item=0, part=0, kind="response.output_text.delta", early=early,
+               noise="x" * (number % 9), logprobs=[], spaced=False, ascii_only=True)
+        for number, token in enumerate(tokens)
+    ]
+    chunks.append(sse([{"type": "response.completed", "sequence_number": 99, "response": {"id": "r", "output": []}}]))
+    parsed: list[object] = []
+    original = responses_module.parse_event_data
+
+    def counting(event: Any) -> Any:
+        parsed.append(event)
+        return original(event)
+
+    tracker = StreamTracker(DIALECT)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(responses_module, "parse_event_data", counting)
+        for chunk in chunks:
+            tracker.feed(chunk)
+    outcome = tracker.outcome()
+    assert outcome is not None and outcome.terminal == "completed" and outcome.response is not None
+    assert outcome.response["output"][0]["content"][0]["text"] == "".join(tokens)
+    assert len(parsed) == 3  # the item, the first delta and the terminal
+
+
+@pytest.mark.parametrize("value", ["01", "1.5e", "-", "2 ", '"7"', "1e3", "1.5"])
+def test_a_delta_whose_varying_value_is_not_an_integer_is_left_to_the_general_path(value: str) -> None:
+    """Not JSON (`01`, `1.5e`, `-`), or some other JSON value: the general path decides, malformed or not."""
+    first = _delta(" a", 1, item=0, part=0, kind="response.output_text.delta", early=True, noise="n",
+                   logprobs=[], spaced=False, ascii_only=True)
+    odd = first.replace(b'"sequence_number":1', b'"sequence_number":' + value.encode()).replace(b" a", b" b")
+    assert odd != first
+    assert_templates_change_nothing(DIALECT, [first, odd, sse([{"type": "response.completed", "response": {}}])])

@@ -25,6 +25,7 @@ from .base import (
     parse_event_data,
 )
 from .sse import SSEEvent
+from .token_template import TokenTemplate
 
 __all__ = ["ResponsesAssembler", "ResponsesDialect", "normalize_response"]
 
@@ -59,6 +60,10 @@ _PART_EVENTS: dict[str, tuple[str, str]] = {
 }
 
 _INDEX_KEYS = {"content": "content_index", "summary": "summary_index"}
+
+# Values of a text delta that change with every event and that rebuilding ignores: a template of
+# the delta event lets them vary (see `token_template`).
+_VARYING_KEYS = ("sequence_number", "obfuscation")
 
 # Built-in tool items announce progress as `response.<item type>.<status>`; the status is the item's.
 _PROGRESS_ITEM_TYPES = frozenset(
@@ -170,9 +175,17 @@ class ResponsesAssembler:
         self._error: dict[str, Any] | None = None
         self._items: dict[int, _Item] = {}
         self._index_by_id: dict[str, int] = {}
+        # The text the last event's delta grew, and the template learnt from that event: used only
+        # while deltas follow one another (any other event may change what an index refers to).
+        self._delta_text: _Text | None = None
+        self._tokens: TokenTemplate | None = None
 
     def feed(self, event: SSEEvent) -> None:
         """Apply one event; malformed events are skipped and counted, never raised."""
+        tokens = self._tokens
+        if tokens is not None and tokens.take(event):
+            return
+        self._tokens = self._delta_text = None
         data = parse_event_data(event)
         if data is NOT_JSON or not isinstance(data, dict):
             if event.data.strip() == "[DONE]":
@@ -191,6 +204,16 @@ class ResponsesAssembler:
             self.terminal = terminal
         if kind is None or not self._apply(kind, data):
             self.malformed_events += 1
+        elif self._delta_text is not None and not data.get("logprobs"):
+            # A text delta with nothing else to apply (log probabilities would be): later ones
+            # like it can skip all this.
+            self._tokens = TokenTemplate.around(event, "delta", data["delta"], self._delta_text, _VARYING_KEYS)
+
+    def take_raw(self, chunk: bytes) -> bool:
+        """Apply a whole chunk of the stream, undecoded, when it is one text delta that fits the
+        learnt template; False to decode it. Call only at an event boundary."""
+        tokens = self._tokens
+        return tokens is not None and tokens.take_raw(chunk)
 
     def result(self) -> dict[str, Any] | None:
         """The best reconstruction so far, or None when nothing at all was learned.
@@ -329,6 +352,7 @@ class ResponsesAssembler:
             text.finish(value)
         else:
             text.append(value)
+            self._delta_text = text
         return True
 
     def _part_for(self, data: dict[str, Any], spec: tuple[str | None, str, str, str | None]) -> _Part | None:
