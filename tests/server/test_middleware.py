@@ -119,13 +119,14 @@ async def test_stream_terminal_is_released_only_after_the_record_is_durable(stor
 
 
 @pytest.mark.parametrize("pieces", [1, 4])
-async def test_a_response_of_declared_length_keeps_its_head_with_its_first_body_bytes(
+async def test_under_load_a_response_of_declared_length_keeps_its_head_with_its_first_body_bytes(
     store: CaptureStore, pieces: int
 ) -> None:
     # Its client can use nothing before the last byte, which waits for the record anyway: a head
     # sent alone would only cost the client a wake-up of its own.
     recorded = fixture("chat/text-basic-gpt4o")
     app = middleware(replaying_app(recorded, pieces=pieces, declare_length=True), store)
+    app.in_flight += 1  # another call is in progress
     sent = await call_app(app, http_scope("/ng-rollout/j/v1/chat/completions"), request_body(recorded),
                           snapshot=lambda: store.read("j").entries.__len__())
     assert sent.body == recorded.body_bytes
@@ -136,6 +137,16 @@ async def test_a_response_of_declared_length_keeps_its_head_with_its_first_body_
     else:  # the head goes with the first piece, at once; only the piece completing the body waits
         assert sent.snapshots[:2] == [0, 0] and sent.snapshots[-1] == 1
         assert sent.snapshots.count(0) == pieces
+
+
+async def test_a_call_alone_sends_the_head_of_a_response_of_declared_length_at_once(store: CaptureStore) -> None:
+    # Its client reads the head while the record is synced: the lone call's latency is what counts.
+    recorded = fixture("chat/text-basic-gpt4o")
+    app = middleware(replaying_app(recorded, pieces=1, declare_length=True), store)
+    sent = await call_app(app, http_scope("/ng-rollout/j/v1/chat/completions"), request_body(recorded),
+                          snapshot=lambda: store.read("j").entries.__len__())
+    assert sent.messages[0]["type"] == "http.response.start" and sent.snapshots[0] == 0
+    assert sent.snapshots[-1] == 1 and sent.body == recorded.body_bytes
 
 
 async def test_stream_without_terminal_is_recorded_truncated_with_partial(store: CaptureStore) -> None:

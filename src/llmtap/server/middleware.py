@@ -231,10 +231,12 @@ class _CapturedCall:
             if message["type"] != "http.response.body" or self.finished:
                 if message["type"] == "http.response.start":
                     self._on_start(message)
-                    if self.capturing and self.content_length is not None:
+                    if self.capturing and self.content_length is not None and self.owner.in_flight > 1:
                         # A response of declared length is no use to its client before its last
-                        # byte, which is held until durable anyway: its head waits with it, so the
-                        # client gets one write, not a head now and the body after the sync.
+                        # byte, which is held until durable anyway. Under load its head waits with
+                        # it: one write for the client to read, not a head now and the body after
+                        # the sync. A call alone sends its head at once, so that its client reads
+                        # it while the sync runs (the latency of a lone call, not CPU, is short).
                         self.held.append(message)
                         return
                 await self._send(send, message)
