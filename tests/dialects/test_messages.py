@@ -19,8 +19,12 @@ import llmtap.dialects.messages as messages_module
 from llmtap.dialects.base import FINISH_REASONS
 from llmtap.dialects.messages import MessagesDialect, MessagesStreamAssembler
 from llmtap.dialects.sse import SSEDecoder, SSEEvent, decode_sse
-from llmtap.records import StreamTracker
-from tests.dialects.token_streams import ESCAPED_TOKENS, TRICKY_TOKENS, assert_templates_change_nothing
+from tests.dialects.token_streams import (
+    ESCAPED_TOKENS,
+    TRICKY_TOKENS,
+    assert_templates_change_nothing,
+    track_counting_parses,
+)
 from tests.fixtures import RecordedExchange, fixture, fixtures_for
 
 DIALECT = MessagesDialect()
@@ -718,19 +722,7 @@ def test_padded_deltas_escaped_or_not_are_read_through_the_template_after_the_fi
         chunks.append(_message_event(delta, True, False, True, padding=" " * (number % 7)))
     chunks += [_message_event({"type": "content_block_stop", "index": 0}, True, False, True),
                _message_event({"type": "message_stop"}, True, False, True)]
-    parsed: list[object] = []
-    original = messages_module.parse_event_data
-
-    def counting(event: Any) -> Any:
-        parsed.append(event)
-        return original(event)
-
-    tracker = StreamTracker(DIALECT)
-    with pytest.MonkeyPatch.context() as patched:
-        patched.setattr(messages_module, "parse_event_data", counting)
-        for chunk in chunks:
-            tracker.feed(chunk)
-    outcome = tracker.outcome()
+    outcome, parsed = track_counting_parses(DIALECT, messages_module, chunks)
     assert outcome is not None and outcome.terminal == "completed"
     assert outcome.response is not None and outcome.response["content"][0]["text"] == "".join(texts)
-    assert len(parsed) == 5  # message_start, block start, the first delta, block stop, message_stop
+    assert parsed == 5  # message_start, block start, the first delta, block stop, message_stop

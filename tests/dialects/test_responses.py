@@ -18,8 +18,12 @@ import llmtap.dialects.responses as responses_module
 from llmtap.dialects.base import Normalized
 from llmtap.dialects.responses import ResponsesAssembler, ResponsesDialect
 from llmtap.dialects.sse import SSEDecoder, SSEEvent, decode_sse
-from llmtap.records import StreamTracker
-from tests.dialects.token_streams import ESCAPED_TOKENS, TRICKY_TOKENS, assert_templates_change_nothing
+from tests.dialects.token_streams import (
+    ESCAPED_TOKENS,
+    TRICKY_TOKENS,
+    assert_templates_change_nothing,
+    track_counting_parses,
+)
 from tests.fixtures import RecordedExchange, fixture, fixtures_for
 
 DIALECT = ResponsesDialect()
@@ -749,22 +753,10 @@ def test_a_long_delta_stream_is_read_through_its_template(early: bool) -> None:
         for number, token in enumerate(tokens)
     ]
     chunks.append(sse([{"type": "response.completed", "sequence_number": 99, "response": {"id": "r", "output": []}}]))
-    parsed: list[object] = []
-    original = responses_module.parse_event_data
-
-    def counting(event: Any) -> Any:
-        parsed.append(event)
-        return original(event)
-
-    tracker = StreamTracker(DIALECT)
-    with pytest.MonkeyPatch.context() as patched:
-        patched.setattr(responses_module, "parse_event_data", counting)
-        for chunk in chunks:
-            tracker.feed(chunk)
-    outcome = tracker.outcome()
+    outcome, parsed = track_counting_parses(DIALECT, responses_module, chunks)
     assert outcome is not None and outcome.terminal == "completed" and outcome.response is not None
     assert outcome.response["output"][0]["content"][0]["text"] == "".join(tokens)
-    assert len(parsed) == 3  # the item, the first delta and the terminal
+    assert parsed == 3  # the item, the first delta and the terminal
 
 
 @pytest.mark.parametrize("value", ["01", "1.5e", "-", "2 ", '"7"', "1e3", "1.5"])

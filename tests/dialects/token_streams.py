@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+from typing import Any
+
 import pytest
 from hypothesis import strategies as st
 
@@ -46,3 +49,22 @@ def assert_templates_change_nothing(dialect: Dialect, chunks: list[bytes]) -> No
         assert outcome is not None and (outcome.response, outcome.terminal, outcome.malformed) == expected
         if expected[1] is not None:
             assert seen[-1] and not any(seen[:-1])
+
+
+def track_counting_parses(dialect: Dialect, module: ModuleType, chunks: list[bytes]) -> tuple[Any, int]:
+    """Track `chunks` as a capture point does (a chunk at a time); return the outcome and how many
+    events took the general path, counted at `module`'s `parse_event_data`."""
+    parsed = 0
+    original = module.parse_event_data
+
+    def counting(event: Any) -> Any:
+        nonlocal parsed
+        parsed += 1
+        return original(event)
+
+    tracker = StreamTracker(dialect)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(module, "parse_event_data", counting)
+        for chunk in chunks:
+            tracker.feed(chunk)
+    return tracker.outcome(), parsed
