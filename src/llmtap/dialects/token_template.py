@@ -13,9 +13,9 @@ skips parsing and walking the JSON. A literal token (no quote, escape or control
 own text; one with escapes (a newline, a quote) is decoded alone, as the JSON string it must be.
 Values that change from event to event but mean nothing to the assembler (a Responses event's
 `sequence_number` and `obfuscation`) may be named as varying: the template then accepts any plain
-string or integer in their place. `take_raw` does the same for a whole chunk of
-the stream that is one such event, before SSE decoding. Anything else is left to the general path,
-which stays the reference: the dialects' property tests hold the two to the same result.
+string or integer in their place. `take_raw` does the same for a whole chunk of the stream that is
+one such event, before SSE decoding. Anything else is left to the general path, which stays the
+reference: the dialects' property tests hold the two to the same result.
 """
 
 from __future__ import annotations
