@@ -351,12 +351,19 @@ def test_the_collect_and_attach_commands_write_attached_rows(setup: Setup) -> No
 COLLECT_COMMAND = [sys.executable, "-c", "from llmtap.cli.collect import collect; collect(prog_name='llmtap collect')"]
 
 
+def _as_a_foreground_command() -> None:
+    """Ctrl-C reaches a command run in the foreground; a shell's background jobs (a test run
+    started with `&`) ignore SIGINT, and their children would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
 def test_interrupting_the_command_leaves_a_resumable_output(setup: Setup, signum: int) -> None:
     tasks = setup.tasks([{"question": "q0"}, {"behaviour": "hang_first"}])
     output = setup.tmp / "rollouts.jsonl"
     args = ["--agent-url", setup.agent_url, "--input", str(tasks), "--output", str(output), "--capture-dir", str(setup.capture_dir)]
-    process = subprocess.Popen([*COLLECT_COMMAND, *args, "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([*COLLECT_COMMAND, *args, "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, preexec_fn=_as_a_foreground_command)
     try:
         deadline = time.monotonic() + 30
         while not (setup.agent.hanging.is_set() and output.exists() and output.read_bytes().count(b"\n") == 1):
