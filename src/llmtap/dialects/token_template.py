@@ -219,12 +219,7 @@ class TokenTemplate:
             if data[closing:].translate(_JSON_SPACE) != self.bare_suffix:
                 return False
             token = data[len(self.prefix) : closing]
-        if _NOT_LITERAL.search(token):
-            token = _string_body(token)
-            if token is None:
-                return False
-        self.sink.append(token)
-        return True
+        return self._take_token(token)
 
     def take_raw(self, chunk: bytes) -> bool:
         """`take` for a whole chunk of the stream that is one such event, before SSE decoding.
@@ -235,11 +230,11 @@ class TokenTemplate:
         while chunk.startswith(b":"):  # comment lines before the event carry nothing
             chunk = chunk.partition(b"\n")[2]
         start, raw_suffix = len(raw_prefix), self.raw_suffix
+        token: bytes | None
         if self.raw_open_event is not None:
-            open_token = self.raw_open_event.token_of(chunk)
-            if open_token is None:
+            token = self.raw_open_event.token_of(chunk)
+            if token is None:
                 return False
-            token = open_token
         elif not chunk.startswith(raw_prefix) or not chunk.endswith(b"\n\n"):
             return False
         elif chunk.endswith(raw_suffix) and len(chunk) > start + len(raw_suffix):
@@ -253,14 +248,24 @@ class TokenTemplate:
             if chunk[closing:-2].translate(None, b" \t") != self.raw_bare_suffix:
                 return False
             token = chunk[start:closing]
-        if _NOT_LITERAL_BYTES.search(token):
-            text = _string_body(token)
-            if text is None:
-                return False
-            self.sink.append(text)
-            return True
-        try:
-            self.sink.append(token.decode("utf-8"))
-        except UnicodeDecodeError:
-            return False  # the general path replaces what does not decode
+        return self._take_token(token)
+
+    def _take_token(self, token: str | bytes) -> bool:
+        """Append the text `token` stands for: a literal token is that text (bytes as UTF-8), one
+        with escapes is decoded as the inside of a JSON string. False when it cannot be read so:
+        the general path decides (and replaces bytes that are not UTF-8)."""
+        text: str | None
+        if isinstance(token, bytes):
+            if _NOT_LITERAL_BYTES.search(token):
+                text = _string_body(token)
+            else:
+                try:
+                    text = token.decode("utf-8")
+                except UnicodeDecodeError:
+                    return False
+        else:
+            text = _string_body(token) if _NOT_LITERAL.search(token) else token
+        if text is None:
+            return False
+        self.sink.append(text)
         return True
