@@ -427,7 +427,8 @@ class ChatStreamAssembler:
         if not self._apply_chunk(payload):
             self.malformed_events += 1
         elif error is None and not is_error_event and (tokens is None or not event.data.startswith(tokens.prefix)):
-            # A token the template could not read (an escaped one) needs no new template.
+            # A token chunk the template has just refused (its token unreadable, as a bad escape)
+            # needs no new template.
             self._tokens = _token_template(event, payload, self._choices) or tokens
 
     def take_raw(self, chunk: bytes) -> bool:

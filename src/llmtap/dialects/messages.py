@@ -203,7 +203,8 @@ class MessagesStreamAssembler:
             case "content_block_delta":
                 self._on_block_delta(data)
                 if tokens is None or not event.data.startswith(tokens.prefix):
-                    # A delta the template could not read (an escaped one) needs no new template.
+                    # A delta the template has just refused (its text unreadable, as a bad escape)
+                    # needs no new template.
                     self._tokens = self._token_template(event, data) or tokens
             case "content_block_stop":
                 self._on_block_stop(data)
