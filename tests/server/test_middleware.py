@@ -44,25 +44,27 @@ async def test_prefixed_call_is_captured_and_the_response_is_unchanged(store: Ca
     assert record.request == recorded.request_json and record.request_raw is None
 
 
-@pytest.mark.parametrize(
-    ("raw_path", "inner_raw_path"),
-    [
-        (b"/ng-rollout/7-1/v1/deployments/a%2Fb/chat/completions", b"/v1/deployments/a%2Fb/chat/completions"),
-        (b"/ng-rollout/7%2D1/v1/deployments/a%2Fb%20c", b"/v1/deployments/a/b%20c"),  # prefix encoded otherwise
-    ],
-    ids=["kept-as-sent", "re-encoded"],
-)
-async def test_the_inner_raw_path_stays_percent_encoded(
-    store: CaptureStore, raw_path: bytes, inner_raw_path: bytes
-) -> None:
-    """`raw_path` is what a proxy sends upstream: the prefix comes off it as sent, and when the
-    client encoded the prefix some other way the rest is percent-encoded afresh, never raw text."""
+async def test_the_inner_raw_path_stays_percent_encoded(store: CaptureStore) -> None:
+    """`raw_path` is what a proxy sends upstream: the prefix comes off it exactly as sent."""
+    raw_path = b"/ng-rollout/7-1/v1/deployments/a%2Fb/chat/completions"
     recorded = fixture("chat/text-basic-gpt4o")
     seen: list[Scope] = []
     app = middleware(replaying_app(recorded, seen=seen), store)
     scope = {**http_scope(unquote(raw_path.decode())), "raw_path": raw_path}
     await call_app(app, scope, request_body(recorded))
-    assert seen[0]["raw_path"] == inner_raw_path
+    assert seen[0]["raw_path"] == b"/v1/deployments/a%2Fb/chat/completions"
+    assert seen[0]["path"] == "/v1/deployments/a/b/chat/completions"
+
+
+async def test_a_prefix_encoded_otherwise_is_refused_not_re_encoded(store: CaptureStore) -> None:
+    """A prefix whose raw and decoded forms disagree (`7%2D1` for `7-1`) is answered 400, never
+    guessed at: the raw text after a decoded prefix is what would be sent upstream."""
+    raw_path = b"/ng-rollout/7%2D1/v1/chat/completions"
+    recorded = fixture("chat/text-basic-gpt4o")
+    seen: list[Scope] = []
+    app = middleware(replaying_app(recorded, seen=seen), store)
+    sent = await call_app(app, {**http_scope(unquote(raw_path.decode())), "raw_path": raw_path}, request_body(recorded))
+    assert sent.status == 400 and seen == []
 
 
 async def test_each_call_gets_its_own_model_call_id(store: CaptureStore) -> None:

@@ -55,7 +55,10 @@ class UpstreamConfig(BaseModel):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"base_url {value!r} must start with http:// or https://")
         # Percent-encoded once here: the proxy joins request paths to it exactly as clients sent them.
-        return str(yarl.URL(value.rstrip("/")))
+        url = yarl.URL(value.rstrip("/"))
+        if not url.host or url.raw_query_string or url.raw_fragment or "@" in url.raw_path:
+            raise ValueError(f"base_url {value!r} must name a host and hold no query, fragment or '@' in its path")
+        return str(url)
 
     @property
     def shown_base_url(self) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from typing import Any, Mapping
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import orjson
 
@@ -95,8 +95,16 @@ class CaptureMiddleware:
         if not scope["path"].startswith(_CORRELATION_PREFIXES):
             await self.app(scope, receive, send)
             return
+        # The prefix is read from the path as the client sent it, never from its decoded form: an
+        # encoded `/` (`x%2F@evil:9666`) decodes into a valid-looking prefix while the raw text after
+        # it would make the upstream URL name another host. Ids and segments cannot hold `%`, so an
+        # encoded character anywhere in the prefix fails validation here.
+        target = _raw_target(scope)
+        if not target.startswith(_CORRELATION_PREFIXES):
+            await self._refuse_path(send, "its /ng-rollout/ or /ng-sampling/ prefix is percent-encoded")
+            return
         try:
-            rollout_id, rest = split_rollout_prefix(scope["path"])
+            rollout_id, rest = split_rollout_prefix(target)
         except InvalidRolloutIdError as exc:
             self.health.count("rejected_rollout_ids")
             await _send_json_error(send, 400, str(exc), "invalid_rollout_id")
@@ -107,8 +115,12 @@ class CaptureMiddleware:
         except ValueError as exc:
             segment, segment_error = None, str(exc)
             rest = "/" + rest[len(MODEL_SAMPLING_PREFIX) :].partition("/")[2]
-        inner_scope = _strip_prefix(scope, rest)
-        dialect = dialect_for_path(rest)
+        decoded_rest = unquote(rest)
+        if decoded_rest.startswith(_CORRELATION_PREFIXES) != rest.startswith(_CORRELATION_PREFIXES):
+            await self._refuse_path(send, "a /ng-sampling/ prefix in it is percent-encoded")
+            return
+        inner_scope = {**scope, "path": decoded_rest, "raw_path": rest.encode("latin-1")}
+        dialect = dialect_for_path(decoded_rest)
         if dialect is None:
             await self.app(inner_scope, receive, send)
             return
@@ -116,6 +128,12 @@ class CaptureMiddleware:
         call = _CapturedCall(self, inner_scope, rollout_id, dialect)
         call.scope[EXCHANGE_SCOPE_KEY] = call.exchange
         await call.run(receive, send, segment, header_segment, segment_error)
+
+    async def _refuse_path(self, send: Send, why: str) -> None:
+        self.health.count("rejected_paths")
+        await _send_json_error(
+            send, 400, f"The request path was refused: {why}. Send the prefix unencoded.", "invalid_path"
+        )
 
 
 # A call is correlated by a rollout prefix, and may carry a sampling segment after it, or alone
@@ -384,15 +402,12 @@ def _replay_receive(body: bytes, receive: Receive, call: _CapturedCall) -> Recei
     return replay
 
 
-def _strip_prefix(scope: Scope, rest: str) -> Scope:
-    prefix_length = len(scope["path"]) - len(rest)
-    prefix = scope["path"][:prefix_length].encode("ascii", "replace")
+def _raw_target(scope: Scope) -> str:
+    """The path as the client encoded it: `raw_path`, or the decoded path encoded afresh without it."""
     raw_path = scope.get("raw_path")
-    if isinstance(raw_path, bytes) and raw_path.startswith(prefix):
-        new_raw: bytes = raw_path[len(prefix) :]
-    else:  # the client encoded the prefix some other way: encode the rest afresh
-        new_raw = quote(rest).encode("ascii")
-    return {**scope, "path": rest, "raw_path": new_raw}
+    if isinstance(raw_path, bytes) and raw_path:
+        return raw_path.decode("latin-1")
+    return quote(scope["path"])
 
 
 def _header(scope: Scope, name: str) -> str | None:

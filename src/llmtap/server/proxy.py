@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 import orjson
 
 from ..dialects import dialect_for_path
+from ..errors import LlmtapError
 from ..exchange import Exchange
 from ..health import CaptureHealth
 from ..store import CaptureStore
@@ -26,7 +27,7 @@ from .config import ServeConfig, UpstreamConfig
 from .middleware import EXCHANGE_SCOPE_KEY, CaptureMiddleware
 from .upstream import Http1Transport, UpstreamResponse, UpstreamTransport, UpstreamUnreachable
 
-__all__ = ["ProxyApp", "build_app", "upstream_url"]
+__all__ = ["ProxyApp", "UnsafeRequestTarget", "build_app", "upstream_url"]
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) are for one connection and never forwarded; nor are the
 # ones the proxy itself settles with the client.
@@ -50,8 +51,21 @@ _HOP_BY_HOP = frozenset(
 _CREDENTIALS = frozenset({b"authorization", b"x-api-key", b"api-key"})
 
 
+class UnsafeRequestTarget(LlmtapError, ValueError):
+    """Raised when a request's path could make the upstream URL leave its configured origin or base path."""
+
+
 def upstream_url(base_url: str, path: str, query: bytes) -> str:
-    """Join an upstream base URL and a request path, without doubling a `/v1` the base already has."""
+    """Join an upstream base URL and a request path, without doubling a `/v1` the base already has.
+
+    `path` is the client's raw path. It must start with `/` and hold no `\\` and no `.` or `..`
+    segment (encoded or not), so the joined URL can only ever name the base URL's host and port,
+    under its path: the proxy adds the upstream's credential to what it sends there. Raises
+    UnsafeRequestTarget otherwise.
+    """
+    problem = _target_problem(path)
+    if problem is not None:
+        raise UnsafeRequestTarget(f"The request path {path[:200]!r} was refused: {problem}.")
     base = base_url.rstrip("/")
     if base.endswith("/v1") and (path == "/v1" or path.startswith("/v1/")):
         base = base[: -len("/v1")]
@@ -61,12 +75,29 @@ def upstream_url(base_url: str, path: str, query: bytes) -> str:
     return url
 
 
+def _target_problem(path: str) -> str | None:
+    """Why a raw request path is unsafe to join to a base URL, or None when it is safe."""
+    if not path.startswith("/"):
+        return "it does not start with /"
+    if "\\" in path:
+        return "it holds a backslash"
+    decoded = unquote(path) if "%" in path else path
+    if "\\" in decoded:
+        return "it holds an encoded backslash"
+    if any(segment in (".", "..") for segment in decoded.split("/")):
+        return "it holds a . or .. segment"
+    return None
+
+
 class _Upstream:
     """One configured upstream: its settings, its pooled transport and its credential header."""
 
     def __init__(self, name: str, config: UpstreamConfig) -> None:
         self.name = name
         self.config = config
+        # `scheme://authority/`: every URL sent upstream starts with it, so none can name another host.
+        parts = urlsplit(config.base_url)
+        self.origin_prefix = f"{parts.scheme}://{parts.netloc}/"
         key = config.api_key()
         self.credential: tuple[bytes, bytes] | None = None
         if key is not None:
@@ -185,7 +216,14 @@ class _Forwarding:
                 return
 
     async def _forward(self, body: bytes) -> None:
-        url = upstream_url(self.upstream.config.base_url, _request_target_path(self.scope), self.scope.get("query_string", b""))
+        try:
+            url = upstream_url(self.upstream.config.base_url, _request_target_path(self.scope), self.scope.get("query_string", b""))
+        except UnsafeRequestTarget as exc:
+            await self._answer_refused(exc)
+            return
+        if not url.startswith(self.upstream.origin_prefix):  # a second guard: the credential stays home
+            await self._answer_refused(UnsafeRequestTarget("The request path would leave the upstream's origin."))
+            return
         try:
             response = await self.upstream.transport.send(self.scope["method"], url, self._request_headers(), body)
         except UpstreamUnreachable as exc:
@@ -205,6 +243,19 @@ class _Forwarding:
             headers = [(k, v) for k, v in headers if k.lower() not in _CREDENTIALS]
             headers.append(self.upstream.credential)
         return headers
+
+    async def _answer_refused(self, exc: UnsafeRequestTarget) -> None:
+        if self.exchange is not None:
+            self.exchange.status_synthesized = True
+        payload = orjson.dumps({"error": {"message": str(exc), "type": "invalid_request_error", "code": "invalid_path"}})
+        await self.send(
+            {
+                "type": "http.response.start",
+                "status": 400,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+            }
+        )
+        await self.send({"type": "http.response.body", "body": payload, "more_body": False})
 
     async def _answer_unreachable(self, exc: UpstreamUnreachable) -> None:
         status = 504 if exc.timed_out else 502
