@@ -1,0 +1,155 @@
+"""Structural checks of an untrusted zip, made before a single member is decompressed.
+
+A bundle is read straight from the zip, never unpacked to disk, and what this module accepts is
+only the shape llmtap writes: the end record says how many members and how large a central
+directory there are, and both are bounded before Python's zipfile parses them (a huge central
+directory is itself a memory bomb). Then every member must be a regular file (Unix mode bits in
+the external attributes: no symlink or directory entry), stored or deflated, unencrypted, with
+a safe unique name and a declared size inside the bounds and possible for its compressed size;
+and the members must tile the file exactly (no gap, overlap, or bytes before, between or after
+them), which rules out the overlapping-member zip bomb and any hidden data.
+"""
+
+from __future__ import annotations
+
+import stat
+import struct
+import zipfile
+from collections import Counter
+from typing import BinaryIO
+
+from .bundle_format import BundleLimits, unsafe_name_reason
+
+__all__ = ["EndRecord", "member_problems", "read_end_record", "tiling_problems"]
+
+_EOCD = b"PK\x05\x06"
+_ZIP64_LOCATOR = b"PK\x06\x07"
+_ZIP64_EOCD = b"PK\x06\x06"
+_LOCAL_HEADER = b"PK\x03\x04"
+_UTF8_FLAG = 0x800
+_DEFLATE_MAX_RATIO = 1032  # the most deflate can expand: 258 bytes from 2 bits
+_DEFLATE_SLACK = 1024
+
+
+class EndRecord:
+    """What the end record declares: member count, central directory size and offset, where the end records start."""
+
+    def __init__(self, entries: int, directory_size: int, directory_offset: int, directory_end: int) -> None:
+        self.entries = entries
+        self.directory_size = directory_size
+        self.directory_offset = directory_offset
+        self.directory_end = directory_end  # where the (zip64) end records begin
+
+
+def read_end_record(handle: BinaryIO, size: int) -> EndRecord:
+    """Read the end record(s) llmtap writes (no archive comment, nothing after); ValueError otherwise."""
+    if size < 22:
+        raise ValueError("the file is too short to be a zip")
+    handle.seek(size - 22)
+    record = handle.read(22)
+    if record[:4] != _EOCD:
+        raise ValueError("the file does not end with a zip end record (a comment or trailing bytes follow it)")
+    _, _, _, _, entries, directory_size, directory_offset, comment_length = struct.unpack("<4sHHHHIIH", record)
+    if comment_length:
+        raise ValueError("the zip carries an archive comment, which llmtap never writes")
+    directory_end = size - 22
+    if entries == 0xFFFF or directory_size == 0xFFFFFFFF or directory_offset == 0xFFFFFFFF:
+        if directory_end < 20 + 56:
+            raise ValueError("the zip64 end records are missing")
+        handle.seek(directory_end - 20)
+        locator = handle.read(20)
+        if locator[:4] != _ZIP64_LOCATOR:
+            raise ValueError("the zip64 end record locator is missing")
+        (record_offset,) = struct.unpack("<Q", locator[8:16])
+        if record_offset != directory_end - 20 - 56:
+            raise ValueError("the zip64 end record is not where its locator says")
+        handle.seek(record_offset)
+        record64 = handle.read(56)
+        if record64[:4] != _ZIP64_EOCD:
+            raise ValueError("the zip64 end record is missing")
+        entries, _, directory_size, directory_offset = struct.unpack("<QQQQ", record64[24:56])
+        directory_end = record_offset
+    return EndRecord(entries, directory_size, directory_offset, directory_end)
+
+
+def member_problems(infos: list[zipfile.ZipInfo], limits: BundleLimits) -> list[tuple[str | None, str]]:
+    """Problems with the members' headers alone: `(member name or None, message)` each."""
+    problems: list[tuple[str | None, str]] = []
+    counts = Counter(info.orig_filename for info in infos)
+    for name, count in sorted(counts.items()):
+        if count > 1:
+            problems.append((name, f"appears {count} times (duplicate member name)"))
+    total = 0
+    for info in infos:
+        name = info.orig_filename
+        reason = unsafe_name_reason(name)
+        if reason is not None:
+            problems.append((repr(name), f"unsafe member name: {reason}"))
+            continue
+        mode = info.external_attr >> 16
+        if info.create_system != 3 or stat.S_IFMT(mode) != stat.S_IFREG:
+            kind = (
+                "a symbolic link"
+                if stat.S_ISLNK(mode)
+                else "a folder"
+                if stat.S_ISDIR(mode) or name.endswith("/")
+                else "not a regular file"
+            )
+            problems.append((name, f"is {kind} entry; a bundle holds regular files only"))
+        if info.flag_bits & ~_UTF8_FLAG:
+            problems.append(
+                (
+                    name,
+                    f"has header flags {info.flag_bits:#06x} (encryption or data descriptor) llmtap never sets",
+                )
+            )
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            problems.append((name, f"uses compression method {info.compress_type}; only stored and deflated are read"))
+        elif info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
+            problems.append((name, "is stored uncompressed but declares two different sizes"))
+        elif info.file_size > info.compress_size * _DEFLATE_MAX_RATIO + _DEFLATE_SLACK:
+            problems.append(
+                (
+                    name,
+                    f"declares {info.file_size} bytes from {info.compress_size} compressed, "
+                    "more than deflate can expand (a zip bomb)",
+                )
+            )
+        if info.file_size > limits.max_member_bytes:
+            problems.append(
+                (name, f"declares {info.file_size} bytes, more than a member may be ({limits.max_member_bytes})")
+            )
+        total += info.file_size
+    if total > limits.max_total_bytes:
+        problems.append(
+            (None, f"the members declare {total} bytes in all, more than a bundle may hold ({limits.max_total_bytes})")
+        )
+    return problems
+
+
+def tiling_problems(handle: BinaryIO, infos: list[zipfile.ZipInfo], end: EndRecord) -> list[tuple[str | None, str]]:
+    """Check the members, then the central directory, fill the file exactly, each local header matching its entry."""
+    position = 0
+    for info in sorted(infos, key=lambda item: item.header_offset):
+        if info.header_offset != position:
+            gap = (
+                "overlaps the member before it"
+                if info.header_offset < position
+                else "follows bytes no member accounts for"
+            )
+            return [(info.orig_filename, f"starts at byte {info.header_offset} and {gap}")]
+        handle.seek(info.header_offset)
+        header = handle.read(30)
+        if len(header) < 30 or header[:4] != _LOCAL_HEADER:
+            return [(info.orig_filename, "has no local header where the central directory says")]
+        name_length, extra_length = struct.unpack("<HH", header[26:30])
+        raw_name = handle.read(name_length)
+        expected_name = info.orig_filename.encode("utf-8" if info.flag_bits & _UTF8_FLAG else "cp437")
+        if raw_name != expected_name:
+            return [(info.orig_filename, "has a different name in its local header than in the central directory")]
+        position = info.header_offset + 30 + name_length + extra_length + info.compress_size
+    if position != end.directory_offset or end.directory_offset + end.directory_size != end.directory_end:
+        return [
+            (None, "the central directory does not directly follow the last member and end where the end record begins")
+        ]
+    return []
