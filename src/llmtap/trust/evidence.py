@@ -50,7 +50,7 @@ __all__ = [
 
 MANIFEST_NAME = "capsule.json"
 MANIFEST_KIND = "llmtap.run-capsule"
-_JSON_FILES = (".json", ".lock")  # whole-file JSON documents (env.lock is one)
+ENV_LOCK_NAME = "env.lock"  # a JSON document despite its name (the store's *.capture.lock files are empty)
 _CHUNK = 1 << 20
 
 Validator = Callable[[Path], Sequence[str]]
@@ -89,7 +89,7 @@ def capsule_export_problems(capsule: Path, *, limits: BundleLimits | None = None
 
     Every entry is a regular file or a folder (checked with lstat: no link, FIFO, socket, device
     or hard link); the manifest `capsule.json` parses, says it is a finished llmtap capsule and
-    records no tampering; every line of every `.jsonl` file and every `.json`/`.lock` file parses
+    records no tampering; every line of every `.jsonl` file, every `.json` file and `env.lock` parse
     as JSON; sizes and counts fit the bundle's bounds. The full `llmtap validate` goes further and
     is plugged into `export_evidence` as `extra_validator`.
     """
@@ -112,7 +112,7 @@ def _content_problems(reader: CapsuleReader, files: Sequence[CapsuleFile], limit
         try:
             if file.path.endswith(".jsonl"):
                 problems.extend(_jsonl_problems(reader, file, limits.max_metadata_bytes))
-            elif file.path.endswith(_JSON_FILES):
+            elif file.path.endswith(".json") or file.path == ENV_LOCK_NAME:
                 document = orjson.loads(reader.read_all(file, limits.max_metadata_bytes))
                 if file is manifest:
                     problems.extend(_manifest_problems(document))

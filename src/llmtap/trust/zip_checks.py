@@ -18,7 +18,7 @@ import zipfile
 from collections import Counter
 from typing import BinaryIO
 
-from .bundle_format import BundleLimits, unsafe_name_reason
+from .bundle_format import FIXED_DATE_TIME, MEMBER_MODE, BundleLimits, unsafe_name_reason
 
 __all__ = ["EndRecord", "member_problems", "read_end_record", "tiling_problems"]
 
@@ -29,6 +29,8 @@ _LOCAL_HEADER = b"PK\x03\x04"
 _UTF8_FLAG = 0x800
 _DEFLATE_MAX_RATIO = 1032  # the most deflate can expand: 258 bytes from 2 bits
 _DEFLATE_SLACK = 1024
+_DOS_TIME, _DOS_DATE = 0, 0x21  # FIXED_DATE_TIME, 1980-01-01 00:00:00, as a zip header stores it
+_ZIP64_SIZE = 0x7FFFFFFF  # from about this size on, zipfile adds a zip64 extra field
 
 
 class EndRecord:
@@ -49,9 +51,13 @@ def read_end_record(handle: BinaryIO, size: int) -> EndRecord:
     record = handle.read(22)
     if record[:4] != _EOCD:
         raise ValueError("the file does not end with a zip end record (a comment or trailing bytes follow it)")
-    _, _, _, _, entries, directory_size, directory_offset, comment_length = struct.unpack("<4sHHHHIIH", record)
+    _, disk, directory_disk, disk_entries, entries, directory_size, directory_offset, comment_length = struct.unpack(
+        "<4sHHHHIIH", record
+    )
     if comment_length:
         raise ValueError("the zip carries an archive comment, which llmtap never writes")
+    if disk or directory_disk or disk_entries != entries:
+        raise ValueError("the zip claims to span several disks")
     directory_end = size - 22
     if entries == 0xFFFF or directory_size == 0xFFFFFFFF or directory_offset == 0xFFFFFFFF:
         if directory_end < 20 + 56:
@@ -96,6 +102,10 @@ def member_problems(infos: list[zipfile.ZipInfo], limits: BundleLimits) -> list[
                 else "not a regular file"
             )
             problems.append((name, f"is {kind} entry; a bundle holds regular files only"))
+        elif info.external_attr != MEMBER_MODE << 16 or info.internal_attr or info.date_time != FIXED_DATE_TIME:
+            problems.append((name, "has a mode, attribute or time other than the fixed ones llmtap writes"))
+        if info.comment or info.volume or (info.extra and info.file_size < _ZIP64_SIZE):
+            problems.append((name, "carries a comment, extra field or disk number llmtap never writes"))
         if info.flag_bits & ~_UTF8_FLAG:
             problems.append(
                 (
@@ -142,7 +152,11 @@ def tiling_problems(handle: BinaryIO, infos: list[zipfile.ZipInfo], end: EndReco
         header = handle.read(30)
         if len(header) < 30 or header[:4] != _LOCAL_HEADER:
             return [(info.orig_filename, "has no local header where the central directory says")]
+        version, flags, method, time, date, crc = struct.unpack("<HHHHHI", header[4:18])
         name_length, extra_length = struct.unpack("<HH", header[26:30])
+        expected = (info.extract_version, info.flag_bits, info.compress_type, _DOS_TIME, _DOS_DATE, info.CRC)
+        if (version, flags, method, time, date, crc) != expected:
+            return [(info.orig_filename, "has a local header that disagrees with its central directory entry")]
         raw_name = handle.read(name_length)
         expected_name = info.orig_filename.encode("utf-8" if info.flag_bits & _UTF8_FLAG else "cp437")
         if raw_name != expected_name:
