@@ -45,7 +45,16 @@ def pristine_capsule(_replay_server: ReplayUpstream, tmp_path_factory: pytest.Te
         "stream": fixture("chat/text-stream-include-usage-gpt4").request_json,
     }
     env = dict(os.environ, REPLAY_BASE=_replay_server.base_url, REPLAY_REQUESTS=json.dumps(requests))
-    command = [sys.executable, "-m", "llmtap.cli.run", "--capsule-dir", str(work / "runs"), "--", sys.executable, "workload.py"]
+    command = [
+        sys.executable,
+        "-m",
+        "llmtap.cli.run",
+        "--capsule-dir",
+        str(work / "runs"),
+        "--",
+        sys.executable,
+        "workload.py",
+    ]
     done = subprocess.run(command, env=env, cwd=work, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     [capsule] = [path for path in (work / "runs").iterdir() if (path / "capsule.json").exists()]

@@ -25,12 +25,16 @@ def _export(capsule: Path, key_pair: KeyPair, bundle: Path, **options: object) -
     return bundle
 
 
-def test_a_real_capsule_exports_and_verifies_against_the_pinned_key(good_bundle: Path, key_pair: KeyPair, pristine_capsule: Path) -> None:
+def test_a_real_capsule_exports_and_verifies_against_the_pinned_key(
+    good_bundle: Path, key_pair: KeyPair, pristine_capsule: Path
+) -> None:
     report = verify_bundle(good_bundle, expected_key=load_public_key(key_pair.public_path))
     assert report.problems == []
     assert report.verdict == "verified" and report.exit_code == 0
     assert report.capsule_id == pristine_capsule.name
-    capsule_files = sorted(str(path.relative_to(pristine_capsule)) for path in pristine_capsule.rglob("*") if path.is_file())
+    capsule_files = sorted(
+        str(path.relative_to(pristine_capsule)) for path in pristine_capsule.rglob("*") if path.is_file()
+    )
     assert report.files == len(capsule_files)
     members = members_of(good_bundle)
     for relative in capsule_files:  # every capsule file, byte for byte
@@ -53,7 +57,9 @@ def test_a_bundle_signed_by_another_key_fails_when_a_key_is_pinned(good_bundle: 
     assert verify_bundle(good_bundle, expected_fingerprint=other.fingerprint.upper()).verdict == "failed"
 
 
-def test_sums_list_every_file_sorted_in_gnu_format_and_the_signatures_verify(good_bundle: Path, key_pair: KeyPair) -> None:
+def test_sums_list_every_file_sorted_in_gnu_format_and_the_signatures_verify(
+    good_bundle: Path, key_pair: KeyPair
+) -> None:
     members = members_of(good_bundle)
     sums = members[top("SHA256SUMS")]
     entries, problems = parse_sums(sums)
@@ -68,7 +74,9 @@ def test_sums_list_every_file_sorted_in_gnu_format_and_the_signatures_verify(goo
     assert members[top("key.pem")] == key_pair.public_path.read_bytes()
 
 
-def test_the_statement_is_in_toto_v1_in_a_dsse_envelope_binding_every_path(good_bundle: Path, key_pair: KeyPair, pristine_capsule: Path) -> None:
+def test_the_statement_is_in_toto_v1_in_a_dsse_envelope_binding_every_path(
+    good_bundle: Path, key_pair: KeyPair, pristine_capsule: Path
+) -> None:
     members = members_of(good_bundle)
     envelope = json.loads(members[top("statement.dsse.json")])
     assert envelope["payloadType"] == INTOTO_PAYLOAD_TYPE
@@ -90,18 +98,25 @@ def test_the_statement_is_in_toto_v1_in_a_dsse_envelope_binding_every_path(good_
 
 
 def test_pae_is_the_dsse_v1_encoding() -> None:
-    assert pae("http://example.com/HelloWorld", b"hello world") == b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+    assert (
+        pae("http://example.com/HelloWorld", b"hello world")
+        == b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+    )
     assert pae("t", b"") == b"DSSEv1 1 t 0 "
     assert pae("é", b"\x00") == b"DSSEv1 2 \xc3\xa9 1 \x00"  # lengths count bytes, not characters
 
 
-def test_exporting_the_same_capsule_twice_gives_byte_identical_bundles(capsule: Path, key_pair: KeyPair, tmp_path: Path, good_bundle: Path) -> None:
+def test_exporting_the_same_capsule_twice_gives_byte_identical_bundles(
+    capsule: Path, key_pair: KeyPair, tmp_path: Path, good_bundle: Path
+) -> None:
     first = _export(capsule, key_pair, tmp_path / "one.zip")
     os.utime(capsule / "capsule.json", (1, 1))  # file times are not part of the bundle
     second = _export(capsule, key_pair, tmp_path / "two.zip")
     assert first.read_bytes() == second.read_bytes() == good_bundle.read_bytes()
     with zipfile.ZipFile(first) as archive:
-        assert {(info.date_time, info.external_attr >> 16) for info in archive.infolist()} == {((1980, 1, 1, 0, 0, 0), 0o100644)}
+        assert {(info.date_time, info.external_attr >> 16) for info in archive.infolist()} == {
+            ((1980, 1, 1, 0, 0, 0), 0o100644)
+        }
 
 
 def test_an_existing_bundle_is_never_overwritten(capsule: Path, key_pair: KeyPair, tmp_path: Path) -> None:
@@ -122,7 +137,10 @@ def test_an_existing_bundle_is_never_overwritten(capsule: Path, key_pair: KeyPai
         ("bad-line", "model-calls.jsonl: 1 line(s) are not valid JSON (first: line 3)"),  # after the two calls
         ("bad-json", "capture-health.json: is not valid JSON"),
         ("running", "capsule.json: status is 'running': the capture has not been finalised"),
-        ("tampered", "capsule.json: capture recorded tampering by the workload (capture_tampered); see capture-health.json"),
+        (
+            "tampered",
+            "capsule.json: capture recorded tampering by the workload (capture_tampered); see capture-health.json",
+        ),
         ("no-manifest", "capsule.json: missing, so this is not a run capsule"),
         ("linked-folder", "calls: is a symbolic link, not a regular file (never followed)"),
     ],
@@ -147,7 +165,9 @@ def test_a_capsule_that_fails_its_checks_is_refused_and_nothing_outside_is_touch
     elif damage == "bad-json":
         (capsule / "capture-health.json").write_text("{")
     elif damage in ("running", "tampered"):
-        manifest.update({"status": "running"} if damage == "running" else {"capture_tampered": [{"path": "x", "kind": "symlink"}]})
+        manifest.update(
+            {"status": "running"} if damage == "running" else {"capture_tampered": [{"path": "x", "kind": "symlink"}]}
+        )
         (capsule / "capsule.json").write_text(json.dumps(manifest))
     elif damage == "no-manifest":
         (capsule / "capsule.json").unlink()
@@ -170,7 +190,7 @@ def test_an_injected_validator_can_refuse_a_capsule(capsule: Path, key_pair: Key
         return ["redaction-proof.json: missing"]
 
     assert capsule_export_problems(capsule) == []
-    with pytest.raises(CapsuleRefusedError, match="redaction-proof.json: missing"):
+    with pytest.raises(CapsuleRefusedError, match=r"redaction-proof\.json: missing"):
         _export(capsule, key_pair, tmp_path / "bundle.zip", extra_validator=validate)
     assert seen == [capsule]
     _export(capsule, key_pair, tmp_path / "bundle.zip", extra_validator=lambda path: [])
@@ -180,7 +200,10 @@ def test_a_capsule_larger_than_the_bounds_is_refused(capsule: Path) -> None:
     problems = capsule_export_problems(capsule, limits=BundleLimits(max_members=3))
     assert "the capsule holds more than 3 files, more than a bundle may carry" in problems
     sizes = capsule_export_problems(capsule, limits=BundleLimits(max_member_bytes=100))
-    assert any(problem.startswith("capsule.json: is ") and "more than a bundle member may be (100)" in problem for problem in sizes)
+    assert any(
+        problem.startswith("capsule.json: is ") and "more than a bundle member may be (100)" in problem
+        for problem in sizes
+    )
 
 
 def test_the_cli_generates_keys_exports_and_verifies_with_documented_exit_codes(capsule: Path, tmp_path: Path) -> None:
@@ -198,7 +221,9 @@ def test_the_cli_generates_keys_exports_and_verifies_with_documented_exit_codes(
     verified = runner.invoke(main, ["verify", str(bundle), "--key", str(public)])
     assert verified.exit_code == 0 and verified.output.startswith("verified: ")
     unpinned = runner.invoke(main, ["verify", str(bundle)])
-    assert unpinned.exit_code == 3 and "self-consistent only" in unpinned.output and "no key was given" in unpinned.output
+    assert (
+        unpinned.exit_code == 3 and "self-consistent only" in unpinned.output and "no key was given" in unpinned.output
+    )
     by_fingerprint = runner.invoke(main, ["verify", str(bundle), "--fingerprint", printed, "--json"])
     report = json.loads(by_fingerprint.output)
     assert by_fingerprint.exit_code == 0 and report["verdict"] == "verified" and report["ok"] is True
@@ -216,11 +241,15 @@ def test_the_cli_prints_one_line_per_problem_and_exits_1(capsule: Path, key_pair
     assert result.output.splitlines()[-1] == "failed: 1 problem(s)"
 
 
-def test_the_cli_refuses_a_bad_capsule_with_one_line_per_problem(capsule: Path, key_pair: KeyPair, tmp_path: Path) -> None:
+def test_the_cli_refuses_a_bad_capsule_with_one_line_per_problem(
+    capsule: Path, key_pair: KeyPair, tmp_path: Path
+) -> None:
     (capsule / "capture-health.json").write_text("{")
     (capsule / "model-calls.jsonl").write_text("not json\n")
     bundle = tmp_path / "bundle.zip"
-    result = CliRunner().invoke(main, ["export-evidence", str(capsule), "-o", str(bundle), "--key", str(key_pair.private_path)])
+    result = CliRunner().invoke(
+        main, ["export-evidence", str(capsule), "-o", str(bundle), "--key", str(key_pair.private_path)]
+    )
     assert result.exit_code == 1 and not bundle.exists()
     assert f"{capsule}: capture-health.json: is not valid JSON" in result.output
     assert f"{capsule}: model-calls.jsonl: 1 line(s) are not valid JSON (first: line 1)" in result.output

@@ -88,6 +88,9 @@ def member_problems(infos: list[zipfile.ZipInfo], limits: BundleLimits) -> list[
     total = 0
     for info in infos:
         name = info.orig_filename
+        if name.endswith("/"):
+            problems.append((name, "is a folder entry; a bundle holds regular files only"))
+            continue
         reason = unsafe_name_reason(name)
         if reason is not None:
             problems.append((repr(name), f"unsafe member name: {reason}"))
