@@ -254,3 +254,17 @@ def test_the_cli_refuses_a_bad_capsule_with_one_line_per_problem(
     assert f"{capsule}: capture-health.json: is not valid JSON" in result.output
     assert f"{capsule}: model-calls.jsonl: 1 line(s) are not valid JSON (first: line 1)" in result.output
     assert "Error: The capsule was not exported: 2 problem(s) above." in result.output
+
+
+def test_a_capsule_file_changed_after_the_checks_is_not_exported(
+    capsule: Path, key_pair: KeyPair, tmp_path: Path
+) -> None:
+    def rewrite_after_the_walk(path: Path) -> list[str]:
+        with open(path / "model-calls.jsonl", "ab") as handle:
+            handle.write(b"{}\n")
+        return []
+
+    with pytest.raises(EvidenceError, match="changed during the export") as failed:
+        _export(capsule, key_pair, tmp_path / "bundle.zip", extra_validator=rewrite_after_the_walk)
+    assert "model-calls.jsonl" in str(failed.value)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["runs"]  # no bundle, no temp file

@@ -228,6 +228,8 @@ def _write_bundle(
             raw.seek(0)
             bundle_digest = hashlib.file_digest(raw, "sha256").hexdigest()
         os.link(temporary, bundle)  # unlike a rename, never replaces a file that appeared meanwhile
+    except CapsuleChangedError:
+        raise
     except FileExistsError:
         raise EvidenceError(
             f"'{bundle}' appeared while the bundle was being written; remove it or choose another -o."
