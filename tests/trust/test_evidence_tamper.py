@@ -277,3 +277,20 @@ def test_not_a_zip_and_not_a_file_are_problems(key_pair: KeyPair, tmp_path: Path
     os.mkfifo(tmp_path / "fifo.zip")  # opened without blocking, refused as not a regular file
     assert _verdict(tmp_path / "fifo.zip", key_pair) == ("failed", [f"'{tmp_path / 'fifo.zip'}' is not a regular file"])
     assert "could not be opened" in _verdict(tmp_path / "missing.zip", key_pair)[1][0]
+
+
+def test_a_zip64_bundle_verifies(
+    pristine_capsule: Path, key_pair: KeyPair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bundles past 4 GiB carry zip64 fields and end records; a low limit makes zipfile write them for a small one."""
+    from llmtap.trust.evidence import export_evidence
+    from llmtap.trust.keys import load_private_key
+
+    monkeypatch.setattr(zipfile, "ZIP64_LIMIT", 600)
+    bundle = tmp_path / "zip64.zip"
+    export_evidence(pristine_capsule, bundle, load_private_key(key_pair.private_path))
+    monkeypatch.undo()
+    assert b"PK\x06\x06" in bundle.read_bytes()[-200:]  # the zip64 end record is there
+    with zipfile.ZipFile(bundle) as archive:
+        assert any(info.extra[:2] == b"\x01\x00" for info in archive.infolist())
+    assert _verdict(bundle, key_pair) == ("verified", [])

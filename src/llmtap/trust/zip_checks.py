@@ -30,7 +30,7 @@ _UTF8_FLAG = 0x800
 _DEFLATE_MAX_RATIO = 1032  # the most deflate can expand: 258 bytes from 2 bits
 _DEFLATE_SLACK = 1024
 _DOS_TIME, _DOS_DATE = 0, 0x21  # FIXED_DATE_TIME, 1980-01-01 00:00:00, as a zip header stores it
-_ZIP64_SIZE = 0x7FFFFFFF  # from about this size on, zipfile adds a zip64 extra field
+_ZIP64_EXTRA_ID = 0x0001
 
 
 class EndRecord:
@@ -59,13 +59,13 @@ def read_end_record(handle: BinaryIO, size: int) -> EndRecord:
     if disk or directory_disk or disk_entries != entries:
         raise ValueError("the zip claims to span several disks")
     directory_end = size - 22
-    if entries == 0xFFFF or directory_size == 0xFFFFFFFF or directory_offset == 0xFFFFFFFF:
-        if directory_end < 20 + 56:
-            raise ValueError("the zip64 end records are missing")
+    needs_zip64 = entries == 0xFFFF or directory_size == 0xFFFFFFFF or directory_offset == 0xFFFFFFFF
+    locator = b""
+    if directory_end >= 20 + 56:
         handle.seek(directory_end - 20)
         locator = handle.read(20)
-        if locator[:4] != _ZIP64_LOCATOR:
-            raise ValueError("the zip64 end record locator is missing")
+    # Like zipfile, a zip64 locator is honoured whenever present, not only when the end record needs it.
+    if locator[:4] == _ZIP64_LOCATOR:
         (record_offset,) = struct.unpack("<Q", locator[8:16])
         if record_offset != directory_end - 20 - 56:
             raise ValueError("the zip64 end record is not where its locator says")
@@ -73,8 +73,12 @@ def read_end_record(handle: BinaryIO, size: int) -> EndRecord:
         record64 = handle.read(56)
         if record64[:4] != _ZIP64_EOCD:
             raise ValueError("the zip64 end record is missing")
-        entries, _, directory_size, directory_offset = struct.unpack("<QQQQ", record64[24:56])
+        disk_entries, entries, directory_size, directory_offset = struct.unpack("<QQQQ", record64[24:56])
+        if disk_entries != entries:
+            raise ValueError("the zip claims to span several disks")
         directory_end = record_offset
+    elif needs_zip64:
+        raise ValueError("the zip64 end records are missing")
     return EndRecord(entries, directory_size, directory_offset, directory_end)
 
 
@@ -107,7 +111,7 @@ def member_problems(infos: list[zipfile.ZipInfo], limits: BundleLimits) -> list[
             problems.append((name, f"is {kind} entry; a bundle holds regular files only"))
         elif info.external_attr != MEMBER_MODE << 16 or info.internal_attr or info.date_time != FIXED_DATE_TIME:
             problems.append((name, "has a mode, attribute or time other than the fixed ones llmtap writes"))
-        if info.comment or info.volume or (info.extra and info.file_size < _ZIP64_SIZE):
+        if info.comment or info.volume or not _only_zip64_extra(info.extra):
             problems.append((name, "carries a comment, extra field or disk number llmtap never writes"))
         if info.flag_bits & ~_UTF8_FLAG:
             problems.append(
@@ -140,6 +144,16 @@ def member_problems(infos: list[zipfile.ZipInfo], limits: BundleLimits) -> list[
     return problems
 
 
+def _only_zip64_extra(extra: bytes) -> bool:
+    """True for no extra field, or a lone zip64 field (large sizes or offsets): all llmtap's writer adds."""
+    if not extra:
+        return True
+    if len(extra) < 4:
+        return False
+    field_id, length = struct.unpack("<HH", extra[:4])
+    return field_id == _ZIP64_EXTRA_ID and length == len(extra) - 4 and length in (8, 16, 24)
+
+
 def tiling_problems(handle: BinaryIO, infos: list[zipfile.ZipInfo], end: EndRecord) -> list[tuple[str | None, str]]:
     """Check the members, then the central directory, fill the file exactly, each local header matching its entry."""
     position = 0
@@ -155,10 +169,10 @@ def tiling_problems(handle: BinaryIO, infos: list[zipfile.ZipInfo], end: EndReco
         header = handle.read(30)
         if len(header) < 30 or header[:4] != _LOCAL_HEADER:
             return [(info.orig_filename, "has no local header where the central directory says")]
-        version, flags, method, time, date, crc = struct.unpack("<HHHHHI", header[4:18])
+        _version, flags, method, time, date, crc = struct.unpack("<HHHHHI", header[4:18])
         name_length, extra_length = struct.unpack("<HH", header[26:30])
-        expected = (info.extract_version, info.flag_bits, info.compress_type, _DOS_TIME, _DOS_DATE, info.CRC)
-        if (version, flags, method, time, date, crc) != expected:
+        # The version needed may rise from local header to central entry (zip64 offsets past 4 GiB): not compared.
+        if (flags, method, time, date, crc) != (info.flag_bits, info.compress_type, _DOS_TIME, _DOS_DATE, info.CRC):
             return [(info.orig_filename, "has a local header that disagrees with its central directory entry")]
         raw_name = handle.read(name_length)
         expected_name = info.orig_filename.encode("utf-8" if info.flag_bits & _UTF8_FLAG else "cp437")
