@@ -25,10 +25,13 @@ _COMMANDS = {
     "attach": "collect:attach",
     "collect": "collect:collect",
     "demo": "demo:demo",
+    "export-evidence": "evidence:export_evidence",
+    "keys": "keys:keys",
     "records": "records:records",
     "run": "run:run",
     "runs": "runs:runs",
     "serve": "serve:serve",
+    "verify": "evidence:verify",
 }
 _main: click.Group | None = None
 
