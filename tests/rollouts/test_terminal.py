@@ -25,8 +25,8 @@ from llmtap.rollouts.terminal import (
     FALLBACK_SINGLE_CHAIN,
     WITNESSES,
     TerminalAttribution,
-    assistant_fingerprint,
     continuation_fingerprint,
+    output_fingerprint,
     resolve_terminal,
 )
 from tests.fixtures import RecordedExchange, all_fixtures, fixture
@@ -57,8 +57,11 @@ def reissued(value: Any, suffix: str) -> Any:
 
 
 def without_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Items as a harness that kept only their content would write them."""
-    return [{key: value for key, value in item.items() if key not in ("id", "call_id")} for item in items]
+    """Items as a harness that kept only their content would write them: item ids dropped.
+
+    A tool call's `call_id` is part of its content (the fingerprint hashes it), so it stays.
+    """
+    return [{key: value for key, value in item.items() if key != "id"} for item in items]
 
 
 def record(
@@ -136,6 +139,9 @@ SETUPS: dict[str, Callable[[str], Setup]] = {
     "item_id": _item_id,
     "content": _content,
 }
+# The verdict's method for each witness's setup: content names c2 by its own output.
+METHOD = {"explicit": "explicit", "declared": "declared", "response_id": "response_id", "item_id": "item_id"}
+METHOD["content"] = "content_output"
 TARGET = {"explicit": "c2", "declared": "c2", "response_id": "c2", "item_id": "c3", "content": "c2"}
 OTHER = {"explicit": "c1", "declared": "c1", "response_id": "c1", "item_id": "c3", "content": "c2"}
 
@@ -160,7 +166,8 @@ def test_each_witness_alone_attributes_its_call(rollout: list[ModelCallRecord], 
 
     assert named(attribution) == {witness: TARGET[witness]}
     assert attribution.attributed and attribution.model_call_id == TARGET[witness]
-    assert attribution.method == witness
+    assert attribution.method == METHOD[witness]
+    assert attribution.corroborated_by == ()
     assert attribution.contradictions == () and attribution.fallback is None
 
 
@@ -193,7 +200,9 @@ def test_every_pair_of_agreeing_witnesses_attributes(
 
     assert named(attribution) == targets
     assert attribution.model_call_id == targets[first]
-    assert attribution.method == f"{first}+{second}"
+    assert attribution.method == METHOD[first]
+    assert attribution.reason.endswith(f"corroborated_by={METHOD[second]}")
+    assert attribution.corroborated_by == (METHOD[second],)
     assert attribution.contradictions == () and attribution.fallback is None
 
 
@@ -204,14 +213,16 @@ def test_every_pair_of_contradicting_witnesses_attributes_nothing_and_keeps_the_
     targets = _pair_targets(first, second, agree=False)
     entries = list(rollout)
     if targets is None:
-        # A retry served only the second tool call again, under a fresh id. The transcript ends
-        # with the original call's item (so its id names c3) but its content is exactly the
-        # retry's whole output (so content names the retry).
-        retry_body = reissued(rollout[2].response, "-retry")
-        retry_body["output"] = retry_body["output"][1:]
-        entries.append(record(PARALLEL, "c4", 3, body=retry_body))
-        targets = {"item_id": "c3", "content": "c4"}
-        arguments: dict[str, Any] = {"response": {"output": [output_of(rollout[2])[-1]]}}
+        # c5 served the answer message after the tool call in one output; c4, a retry, served the
+        # same message alone under a fresh message id. The transcript is that message with c5's
+        # id: its id names c5, and its content (message ids are not content) is exactly c4's
+        # whole output. Tool-call ids are content, so only a message can make this split.
+        answer = body_of(ANSWER)
+        combined = {**answer, "id": "resp_c5", "output": [*output_of(rollout[0]), *answer["output"]]}
+        entries = [rollout[0], rollout[2], record(ANSWER, "c5", 3, body=combined)]
+        entries.append(record(ANSWER, "c4", 4, body=reissued(answer, "-retry")))
+        targets = {"item_id": "c5", "content": "c4"}
+        arguments: dict[str, Any] = {"response": {"output": answer["output"]}}
     else:
         arguments = _arguments(rollout, targets)
     attribution = resolve_terminal(entries, **arguments)
@@ -224,14 +235,18 @@ def test_every_pair_of_contradicting_witnesses_attributes_nothing_and_keeps_the_
     assert all(call in attribution.reason for call in targets.values())
 
 
-def test_all_five_witnesses_agreeing_attribute_with_every_name_in_the_method(rollout: list[ModelCallRecord]) -> None:
+def test_all_five_witnesses_agreeing_name_the_first_and_list_the_others_as_corroborating(
+    rollout: list[ModelCallRecord],
+) -> None:
     answer = rollout[1]
     attribution = resolve_terminal(
         rollout, answer.response, explicit_call_id="c2", declared_response_id=answer.response_id
     )
 
     assert attribution.model_call_id == "c2"
-    assert attribution.method == "+".join(WITNESSES)
+    assert attribution.method == "explicit"
+    assert "corroborated_by=declared+response_id+item_id+content_output" in attribution.reason
+    assert attribution.corroborated_by == ("declared", "response_id", "item_id", "content_output")
 
 
 # --- transcripts -------------------------------------------------------------------------------
@@ -291,6 +306,7 @@ def test_a_chat_backend_call_is_named_by_a_responses_transcript_with_a_namespace
             {
                 "type": "function_call",
                 "call_id": call["id"],
+                "namespace": "weather_ns",
                 "name": "weather",
                 "arguments": '{"location": "Florence, Italy"}',
             }
@@ -300,6 +316,12 @@ def test_a_chat_backend_call_is_named_by_a_responses_transcript_with_a_namespace
     attribution = resolve_terminal(entries, transcript)
 
     assert named(attribution) == {"item_id": "chat-1", "content": "chat-1"}
+    # A first call's cumulative fingerprint is its own output's: the cumulative reading names it.
+    assert attribution.method == "item_id" and attribution.corroborated_by == ("content_cumulative",)
+
+    # Without its namespace the call hashes another name: only the item id (bare names) names it.
+    del transcript["output"][0]["namespace"]
+    assert named(resolve_terminal(entries, transcript)) == {"item_id": "chat-1"}
 
 
 # --- ambiguity, retries ------------------------------------------------------------------------
@@ -345,7 +367,9 @@ def test_witnesses_naming_identical_retries_attribute_instead_of_contradicting()
     attribution = resolve_terminal([kept, retry], kept.response, explicit_call_id="r-2")
 
     assert named(attribution)["explicit"] == "r-2" and named(attribution)["content"] == "r-1"
-    assert attribution.model_call_id == "r-1"
+    # The first witness's call stands, not the smallest id (content-fingerprint.md).
+    assert attribution.model_call_id == "r-2" and attribution.method == "explicit"
+    assert attribution.corroborated_by == ("response_id", "item_id", "content_output")
     assert attribution.contradictions == ()
 
 
@@ -470,8 +494,9 @@ def custody_row(entry: ModelCallRecord, key: str, *, digest: str, length: int = 
         "cumulative_hash": digest,
         "chain_hash": "chain-" + digest,
         "cumulative_length": length,
-        "assistant_fingerprint": assistant_fingerprint(entry.response, dialect=entry.dialect),
+        "output_fingerprint": output_fingerprint(entry.response, dialect=entry.dialect),
         "continuation_fingerprint": continuation_fingerprint(entry.request, entry.response, dialect=entry.dialect),
+        "fingerprint_version": 2,
     }
 
 
@@ -515,15 +540,19 @@ def test_a_custody_row_identifies_only_by_its_staged_hash_never_by_stray_token_a
     assert verdicts(attribution)["content"] == "abstained"
 
 
-def test_fingerprints_ignore_served_ids_and_argument_formatting(rollout: list[ModelCallRecord]) -> None:
+def test_fingerprints_ignore_item_ids_and_argument_formatting_but_not_tool_call_ids(
+    rollout: list[ModelCallRecord],
+) -> None:
     body = copy.deepcopy(rollout[0].response)
     assert body is not None
     body["output"][0]["arguments"] = '{ "b": 2331,  "a": 1231 }'
+    body["output"][0]["id"] = "fc_other"
+    original = output_fingerprint(rollout[0].response, dialect="responses")
 
-    assert assistant_fingerprint(reissued(body, "-x"), dialect="responses") == assistant_fingerprint(
-        rollout[0].response, dialect="responses"
-    )
-    assert assistant_fingerprint({"output": []}, dialect="responses") is None
+    assert output_fingerprint(body, dialect="responses") == original
+    assert output_fingerprint(reissued(body, "-x"), dialect="responses") != original
+    assert output_fingerprint({"output": []}, dialect="responses") == ""
+    assert output_fingerprint({"output": [1]}, dialect="responses") is None
 
 
 # --- malformed input -----------------------------------------------------------------------------
