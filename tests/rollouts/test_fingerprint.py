@@ -181,7 +181,8 @@ VECTORS: dict[str, tuple[list[Any], bytes]] = {
             b"nemo-gym-lineage"
             b"\x02" b"\x00\x00\x00\x00\x00\x00\x00\x01" b"c"
             b"\x03" b"\x00\x00\x00\x00\x00\x00\x00\x01" b"f"
-            b"\x04" b"\x00\x00\x00\x00\x00\x00\x00\x3b" b'{"k":"\xc3\xa9/\\n","n":null,"w":100.0,"x":1e-7,"y":1e+16,"z":1.5}'
+            b"\x04" b"\x00\x00\x00\x00\x00\x00\x00\x3b"
+            b'{"k":"\xc3\xa9/\\n","n":null,"w":100.0,"x":1e-7,"y":1e+16,"z":1.5}'
         ),
     ),
     "an empty assistant message still counts": (
@@ -249,7 +250,8 @@ def test_item_order_matters_and_fields_cannot_run_into_each_other() -> None:
     first, second = {"role": "assistant", "content": "ab"}, {"role": "assistant", "content": "c"}
 
     assert fingerprint([first, second]) != fingerprint([second, first])
-    assert fingerprint([first, second]) != fingerprint([{"role": "assistant", "content": "a"}, {**second, "content": "bc"}])
+    split_otherwise = [{"role": "assistant", "content": "a"}, {**second, "content": "bc"}]
+    assert fingerprint([first, second]) != fingerprint(split_otherwise)
 
 
 # --- canonical arguments -----------------------------------------------------------------------------
@@ -347,7 +349,12 @@ RESPONSES_RESPONSE = {
     "id": "resp_1",
     "output": [
         {"type": "reasoning", "id": "rs_1", "summary": []},
-        {"type": "message", "id": "msg_1", "role": "assistant", "content": [{"type": "output_text", "text": TURN_TEXT}]},
+        {
+            "type": "message",
+            "id": "msg_1",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": TURN_TEXT}],
+        },
         {"type": "function_call", "id": "fc_1", "call_id": "call_9", "name": "add", "arguments": '{"b": 3, "a": 2}'},
     ],
 }

@@ -555,6 +555,277 @@ def test_fingerprints_ignore_item_ids_and_argument_formatting_but_not_tool_call_
     assert output_fingerprint({"output": [1]}, dialect="responses") is None
 
 
+# --- the reading rules of content-fingerprint.md -------------------------------------------------
+
+CHAT_CALL, CHAT_ANSWER = "chat/tool-call-gpt4o", "chat/tool-result-followup-gpt4o"
+CLAUDE_CALL, CLAUDE_ANSWER = "messages/tool-use-sonnet4", "messages/tool-result-followup-sonnet4"
+
+
+def chat_message(name: str) -> dict[str, Any]:
+    message = body_of(name)["choices"][0]["message"]
+    assert isinstance(message, dict)
+    return message
+
+
+@pytest.fixture
+def chat_rollout() -> list[ModelCallRecord]:
+    return [record(CHAT_CALL, "k1", 0), record(CHAT_ANSWER, "k2", 1), record("chat/text-basic-gpt4o", "aux", 2)]
+
+
+def finding(attribution: TerminalAttribution, witness: str) -> Any:
+    return next(w for w in attribution.witnesses if w.witness == witness)
+
+
+def test_chat_tool_calls_on_an_assistant_message_are_model_authored_content(
+    chat_rollout: list[ModelCallRecord],
+) -> None:
+    user = {"role": "user", "content": "What's the weather in Florence,Italy?"}
+    call = chat_message(CHAT_CALL)
+
+    attribution = resolve_terminal(chat_rollout, {"output": [user, call]})
+
+    assert named(attribution) == {"content": "k1"}
+    assert attribution.method == "content_cumulative"  # a first call: its cumulative is its own output
+    # Read as text only, the message would be an empty assistant turn and name nothing.
+    text_only = resolve_terminal(chat_rollout, {"output": [user, {**call, "tool_calls": None}]})
+    assert verdicts(text_only)["content"] == "abstained" and not text_only.attributed
+
+
+def test_a_full_chat_transcript_matches_the_cumulative_fingerprint_of_its_last_call(
+    chat_rollout: list[ModelCallRecord],
+) -> None:
+    context = copy.deepcopy(fixture(CHAT_ANSWER).request_json["messages"])
+    attribution = resolve_terminal(chat_rollout, {"output": [*context, chat_message(CHAT_ANSWER)]})
+
+    assert named(attribution) == {"content": "k2"}
+    assert attribution.method == "content_cumulative"
+    assert "cumulative" in finding(attribution, "content").detail
+
+
+def test_a_transcript_that_ends_with_a_tool_result_has_no_trailing_block(chat_rollout: list[ModelCallRecord]) -> None:
+    context = copy.deepcopy(fixture(CHAT_ANSWER).request_json["messages"])  # ends with the tool message
+    attribution = resolve_terminal(chat_rollout, {"output": context})
+
+    # Only the cumulative reading can match it: the spine is the first call's tool call.
+    assert named(attribution) == {"content": "k1"}
+    assert "trailing block" not in finding(attribution, "content").detail
+
+    # A transcript whose earlier turns the harness rewrote matches nothing once a tool result ends it.
+    rewritten = [{"role": "assistant", "content": "I looked it up."}, *context[1:]]
+    assert verdicts(resolve_terminal(chat_rollout, {"output": rewritten}))["content"] == "abstained"
+
+
+def test_the_trailing_block_stops_at_the_last_non_model_item(chat_rollout: list[ModelCallRecord]) -> None:
+    composed = {"role": "assistant", "content": "Let me think about the weather."}
+    answer = chat_message(CHAT_ANSWER)
+    transcript = {"output": [composed, {"role": "user", "content": "go on"}, answer]}
+
+    attribution = resolve_terminal(chat_rollout, transcript)
+
+    assert named(attribution) == {"content": "k2"}
+    assert attribution.method == "content_output"
+    assert "trailing block" in finding(attribution, "content").detail
+    # A reasoning item after the answer ends the block too: nothing trails.
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": []}
+    assert verdicts(resolve_terminal(chat_rollout, {"output": [*transcript["output"], reasoning]}))["content"] == (
+        "abstained"
+    )
+
+
+def test_anthropic_tool_use_blocks_in_the_output_are_content_and_match_every_shape_of_the_turn() -> None:
+    entries = [record(CLAUDE_CALL, "m1", 0), record(CLAUDE_ANSWER, "m2", 1)]
+    served = body_of(CLAUDE_CALL)
+    as_anthropic = {"role": "assistant", "content": served["content"]}
+    text, tool_use = served["content"]
+    as_responses = [
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text["text"]}]},
+        {
+            "type": "function_call",
+            "call_id": tool_use["id"],
+            "name": "weather",
+            "arguments": json.dumps(tool_use["input"]),
+        },
+    ]
+    as_chat = {
+        "role": "assistant",
+        "content": text["text"],
+        "tool_calls": [
+            {
+                "id": tool_use["id"],
+                "type": "function",
+                "function": {"name": "weather", "arguments": '{"location":"Florence,Italy"}'},
+            }
+        ],
+    }
+
+    for output in ([as_anthropic], as_responses, [as_chat]):
+        attribution = resolve_terminal(entries, {"output": output})
+        assert named(attribution)["content"] == "m1" and attribution.model_call_id == "m1"
+    text_only = resolve_terminal(entries, {"output": [{"role": "assistant", "content": [text]}]})
+    assert verdicts(text_only)["content"] == "abstained"
+
+
+def test_tool_call_ids_are_part_of_the_content(chat_rollout: list[ModelCallRecord]) -> None:
+    call = chat_message(CHAT_CALL)
+    call["tool_calls"][0]["id"] = "call_someone_elses"
+
+    attribution = resolve_terminal(chat_rollout, {"output": [call]})
+
+    assert verdicts(attribution)["content"] == "abstained" and not attribution.attributed
+
+
+def test_an_empty_assistant_message_still_fingerprints() -> None:
+    empty = body_of("chat/text-basic-gpt4o")
+    empty["choices"][0]["message"]["content"] = ""
+    entries = [record("chat/text-basic-gpt4o", "silent-call", 0, body=empty), record(CHAT_CALL, "k1", 1)]
+
+    attribution = resolve_terminal(entries, {"output": [{"role": "user", "content": "hi"}, {"role": "assistant"}]})
+
+    assert named(attribution) == {"content": "silent-call"}
+
+
+def test_a_message_with_no_role_is_not_model_authored(rollout: list[ModelCallRecord]) -> None:
+    roleless = [{key: value for key, value in item.items() if key != "role"} for item in output_of(rollout[1])]
+
+    attribution = resolve_terminal(rollout, {"output": roleless})
+
+    assert verdicts(attribution)["content"] == "silent" and verdicts(attribution)["item_id"] == "silent"
+
+
+def test_non_json_tool_arguments_compare_stripped() -> None:
+    served = body_of(CALL)
+    served["output"][0]["arguments"] = "multiply 1231 2331"
+    entries = [record(CALL, "shell", 0, body=served), record(ANSWER, "c2", 1)]
+    transcript_item = {**served["output"][0], "arguments": "  multiply 1231 2331\n"}
+
+    attribution = resolve_terminal(entries, {"output": [transcript_item]})
+
+    assert named(attribution) == {"item_id": "shell", "content": "shell"}
+    other = resolve_terminal(entries, {"output": [{**transcript_item, "arguments": "multiply 1231  2331"}]})
+    assert verdicts(other)["content"] == "abstained" and verdicts(other)["item_id"] == "abstained"
+
+
+def test_witnesses_agreeing_on_one_identity_name_the_first_witness_call_not_the_smallest_id() -> None:
+    tokens = ([1, 2], [3])
+    kept = record(ANSWER, "z-kept", 0, tokens=tokens)
+    retry = record(ANSWER, "a-retry", 1, body=reissued(body_of(ANSWER), "-2"), tokens=tokens)
+    transcript = {"output": output_of(kept)}  # the kept call's message, with its served id
+
+    attribution = resolve_terminal([kept, retry], transcript)
+
+    assert named(attribution) == {"item_id": "z-kept", "content": "a-retry"}  # content collapses to the smallest
+    assert attribution.model_call_id == "z-kept"
+    assert attribution.method == "item_id" and attribution.corroborated_by == ("content_output",)
+
+
+def test_empty_string_explicit_and_declared_ids_count_as_absent(rollout: list[ModelCallRecord]) -> None:
+    attribution = resolve_terminal(rollout, rollout[1].response, explicit_call_id="", declared_response_id="")
+
+    assert verdicts(attribution)["explicit"] == "silent" and verdicts(attribution)["declared"] == "silent"
+    assert attribution.model_call_id == "c2" and attribution.method == "response_id"
+
+
+# --- custody rows and lineage entries: stored fingerprints and their version ----------------------
+
+
+def full_transcript(rollout: list[ModelCallRecord]) -> dict[str, Any]:
+    tool_output = {"type": "function_call_output", "call_id": "call_nJmCK7SJe3ajdYYplIbH0KgL", "output": "2869461"}
+    return {"output": without_ids([*output_of(rollout[0]), tool_output, *output_of(rollout[1])])}
+
+
+def test_a_custody_row_of_version_2_is_attributed_with_the_method_content(rollout: list[ModelCallRecord]) -> None:
+    rows = [custody_row(entry, f"stage/{i}", digest=f"h{i}") for i, entry in enumerate(rollout)]
+
+    full = resolve_terminal(rows, full_transcript(rollout))
+    final_turn = resolve_terminal(rows, {"output": without_ids(output_of(rollout[1]))})
+
+    assert full.model_call_id == final_turn.model_call_id == "c2"
+    assert full.method == final_turn.method == "content"
+    assert "cumulative" in finding(full, "content").detail and "own output" in finding(final_turn, "content").detail
+
+
+@pytest.mark.parametrize("version", [None, 1, 3, "2", 2.0, True])
+def test_a_custody_row_of_any_other_version_is_not_comparable(rollout: list[ModelCallRecord], version: Any) -> None:
+    rows = [
+        {**custody_row(entry, f"stage/{i}", digest=f"h{i}"), "fingerprint_version": version}
+        for i, entry in enumerate(rollout)
+    ]
+    if version is None:
+        rows = [{key: value for key, value in row.items() if key != "fingerprint_version"} for row in rows]
+
+    attribution = resolve_terminal(rows, full_transcript(rollout))
+
+    content = finding(attribution, "content")
+    assert content.verdict == "abstained" and "not comparable" in content.detail
+    assert not attribution.attributed
+
+
+def test_a_custody_row_is_told_by_its_staging_key_and_never_recomputes_from_payloads(
+    rollout: list[ModelCallRecord],
+) -> None:
+    # A row with a staging key and the payloads too: only its stored fingerprints count.
+    row = {**rollout[1].to_dict(), **custody_row(rollout[1], "stage/1", digest="h1"), "output_fingerprint": "0" * 64}
+    del row["continuation_fingerprint"]
+
+    attribution = resolve_terminal([row], {"output": without_ids(output_of(rollout[1]))})
+
+    assert verdicts(attribution)["content"] == "abstained"
+
+
+def lineage_entry(entry: ModelCallRecord, *, digest: str, length: int, version: Any = 2) -> dict[str, Any]:
+    """A lineage-aware writer's entry: a recorded digest and continuation fingerprint, no payloads."""
+    row = entry.to_dict(include_payloads=False)
+    assert entry.dialect is not None
+    row.update(
+        digest=digest,
+        cumulative_length=length,
+        continuation_fingerprint=continuation_fingerprint(entry.request, entry.response, dialect=entry.dialect),
+        fingerprint_version=version,
+    )
+    return row
+
+
+@pytest.mark.parametrize("version", [2, None])
+def test_a_lineage_entry_continuation_counts_with_version_2_or_null(
+    rollout: list[ModelCallRecord], version: Any
+) -> None:
+    entries = [lineage_entry(entry, digest=f"d{i}", length=10 + i, version=version) for i, entry in enumerate(rollout)]
+
+    attribution = resolve_terminal(entries, full_transcript(rollout))
+
+    assert named(attribution) == {"content": "c2"} and attribution.method == "content_cumulative"
+
+
+def test_a_lineage_entry_continuation_of_another_version_is_not_comparable(rollout: list[ModelCallRecord]) -> None:
+    entries = [lineage_entry(entry, digest=f"d{i}", length=10 + i, version=1) for i, entry in enumerate(rollout)]
+
+    attribution = resolve_terminal(entries, full_transcript(rollout))
+
+    content = finding(attribution, "content")
+    assert content.verdict == "abstained" and "not comparable" in content.detail
+
+
+def test_a_recorded_digest_and_cumulative_length_identify_a_lineage_entry_and_are_trusted() -> None:
+    first = record(ANSWER, "l-2", 0, tokens=([1], [2]))
+    second = record(ANSWER, "l-1", 1, body=reissued(body_of(ANSWER), "-2"), tokens=([1], [9]))
+    final = {"output": without_ids(output_of(first))}
+
+    def entries(digest_2: str, length_2: int) -> list[dict[str, Any]]:
+        return [
+            {**first.to_dict(), "digest": "d", "cumulative_length": 3},
+            {**second.to_dict(), "digest": digest_2, "cumulative_length": length_2},
+        ]
+
+    # The digests agree although the token arrays differ: the recorded digest is trusted.
+    assert resolve_terminal(entries("d", 3), final).model_call_id == "l-1"
+    assert not resolve_terminal(entries("d2", 3), final).attributed
+    assert not resolve_terminal(entries("d", 4), final).attributed
+    # A digest identity never equals a token identity, even for the same call's tokens.
+    same_tokens = record(ANSWER, "l-1", 1, body=second.response, tokens=([1], [2]))
+    mixed = [{**first.to_dict(), "digest": "d", "cumulative_length": 3}, same_tokens]
+    assert not resolve_terminal(mixed, final).attributed
+
+
 # --- malformed input -----------------------------------------------------------------------------
 
 JUNK_RESPONSES: list[Any] = [

@@ -185,7 +185,8 @@ def fingerprint_outputs(dialect: str | None, response: Any) -> list[list[Any]] |
         choices = response.get("choices")
         if not isinstance(choices, list):
             return None
-        return [[choice["message"]] for _, choice in _choices_in_order(choices) if isinstance(choice.get("message"), dict)]
+        ordered = _choices_in_order(choices)
+        return [[choice["message"]] for _, choice in ordered if isinstance(choice.get("message"), dict)]
     if dialect == "messages":
         return [[dict(response)]] if isinstance(response.get("content"), (list, str)) else None
     return None

@@ -81,7 +81,9 @@ def canonical_json(value: Any) -> str:
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode("utf-8")
     except (TypeError, orjson.JSONEncodeError) as exc:
-        raise UnreadableContent(f"A content value is not serializable as canonical JSON ({type(value).__name__}).") from exc
+        raise UnreadableContent(
+            f"A content value is not serializable as canonical JSON ({type(value).__name__})."
+        ) from exc
 
 
 def canonical_arguments(value: Any) -> str:
@@ -152,7 +154,11 @@ def _tool_calls(item: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         for block in content:
             if isinstance(block, dict) and block.get("type") == "tool_use":
                 calls.append(
-                    (_str_or_empty(block.get("id")), str(block.get("name", "")), canonical_arguments(block.get("input")))
+                    (
+                        _str_or_empty(block.get("id")),
+                        str(block.get("name", "")),
+                        canonical_arguments(block.get("input")),
+                    )
                 )
     chat_calls = item.get("tool_calls")
     if not chat_calls:
@@ -263,4 +269,3 @@ def continuation_fingerprint(request: Any, response: Any, *, dialect: str | None
         return fingerprint([*request_items, *output])
     except UnreadableContent:
         return None
-

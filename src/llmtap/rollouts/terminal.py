@@ -306,9 +306,7 @@ def _corroboration(others: Sequence[WitnessFinding]) -> str:
     return f" corroborated_by={'+'.join(finding.name for finding in others)}" if others else ""
 
 
-def _verdict(
-    findings: tuple[WitnessFinding, ...], views: Sequence[EntryView], declared: bool
-) -> TerminalAttribution:
+def _verdict(findings: tuple[WitnessFinding, ...], views: Sequence[EntryView], declared: bool) -> TerminalAttribution:
     """Attribute when the naming witnesses agree; the first in witness order names the call.
 
     Agreement is the same call, or calls with one full token sequence; then the first naming

@@ -226,14 +226,18 @@ class EntryView:
     def _stored(self, name: str) -> str | None:
         """A stored fingerprint when its `fingerprint_version` counts for this kind of entry, else None."""
         stored = field(self.row, name)
-        if not isinstance(stored, str) or not version_counts(field(self.row, "fingerprint_version"), custody=self.custody):
+        if not isinstance(stored, str) or not version_counts(
+            field(self.row, "fingerprint_version"), custody=self.custody
+        ):
             return None
         return stored
 
     @cached_property
     def stored_version_rejected(self) -> bool:
         """True when the entry stored fingerprints under a version this module cannot compare."""
-        stores = any(isinstance(field(self.row, name), str) for name in ("output_fingerprint", "continuation_fingerprint"))
+        stores = any(
+            isinstance(field(self.row, name), str) for name in ("output_fingerprint", "continuation_fingerprint")
+        )
         return stores and not version_counts(field(self.row, "fingerprint_version"), custody=self.custody)
 
     @cached_property
