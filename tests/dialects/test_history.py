@@ -359,7 +359,13 @@ def test_unknown_request_shapes_give_none(dialect: str, value: Any) -> None:
 
 @pytest.mark.parametrize(
     ("dialect", "value"),
-    [("chat", {"choices": "x"}), ("messages", {"content": 5}), ("responses", {"output": {}}), ("nope", {}), ("chat", [])],
+    [
+        ("chat", {"choices": "x"}),
+        ("messages", {"content": 5}),
+        ("responses", {"output": {}}),
+        ("nope", {}),
+        ("chat", []),
+    ],
     ids=repr,
 )
 def test_unknown_response_shapes_give_none(dialect: str, value: Any) -> None:
