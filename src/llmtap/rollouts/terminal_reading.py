@@ -12,7 +12,7 @@ Nothing here raises on odd JSON: an unreadable reading is empty, and the witness
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -208,20 +208,24 @@ class EntryView:
         return found
 
     @staticmethod
-    def _add_item(item: dict[str, Any], add: Any) -> None:
+    def _add_item(item: dict[str, Any], add: Callable[[str, ContentKey], None]) -> None:
+        """File one output item under its served id, and each chat tool call nested in it under the call's id."""
         try:
-            if served := served_item_id(item):
-                add(served, content_key(item))
+            if served_id := served_item_id(item):
+                add(served_id, content_key(item))
         except UnreadableContent:
             pass
         calls = item.get("tool_calls")
         for call in calls if isinstance(calls, list) else []:
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(call, dict) and (served := text(call.get("id"))) and isinstance(function or {}, dict):
-                try:
-                    add(served, _call_key((function or {}).get("name", ""), (function or {}).get("arguments")))
-                except UnreadableContent:
-                    continue
+            if not isinstance(call, dict) or not (call_id := text(call.get("id"))):
+                continue
+            function = call.get("function") or {}
+            if not isinstance(function, dict):
+                continue
+            try:
+                add(call_id, _call_key(function.get("name", ""), function.get("arguments")))
+            except UnreadableContent:
+                continue
 
     def _stored(self, name: str) -> str | None:
         """A stored fingerprint when its `fingerprint_version` counts for this kind of entry, else None."""
