@@ -23,6 +23,7 @@ from llmtap.records import ModelCallRecord, raw_line_from_exchange
 from llmtap.rollouts.terminal import (
     FALLBACK_MASK,
     FALLBACK_SINGLE_CHAIN,
+    METHODS,
     WITNESSES,
     TerminalAttribution,
     continuation_fingerprint,
@@ -445,6 +446,8 @@ def test_every_recorded_response_is_attributed_to_its_call_among_others_without_
     assert attribution.model_call_id == "terminal"
     assert named(attribution)["response_id"] == "terminal"
     assert set(named(attribution).values()) == {"terminal"}
+    assert attribution.method == "response_id" and set(attribution.corroborated_by) <= set(METHODS)
+    assert "item_id" not in named(attribution) or attribution.corroborated_by[0] == "item_id"
 
 
 def captured(recorded: RecordedExchange, call_id: str, index: int) -> ModelCallRecord:
@@ -945,6 +948,8 @@ def test_arbitrary_json_never_raises_and_stays_consistent(
     if attribution.attributed:
         ids = [e.get("model_call_id") for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
         assert attribution.model_call_id in ids
+        assert attribution.method in METHODS and set(attribution.corroborated_by) <= set(METHODS)
+    assert ("corroborated_by=" in attribution.reason) == bool(attribution.corroborated_by)
 
 
 @settings(max_examples=100, deadline=None)

@@ -92,7 +92,8 @@ class TerminalAttribution:
     """The joined terminal call, or the reasons no witness could name one.
 
     `method` is the naming witness's name alone (one of `METHODS`); the witnesses that agree
-    with it are listed in `reason` as `corroborated_by=response_id+content_output`.
+    with it are `corroborated_by`, in witness order, and listed in `reason` as
+    `corroborated_by=response_id+content_output`.
     `contradictions` lists `(witness, model_call_id)` for every naming witness when they
     disagree; `fallback` says what the consumer does when nothing was attributed.
     """
@@ -103,19 +104,12 @@ class TerminalAttribution:
     witnesses: tuple[WitnessFinding, ...] = ()
     contradictions: tuple[tuple[str, str], ...] = ()
     fallback: str | None = None
+    corroborated_by: tuple[str, ...] = ()
 
     @property
     def attributed(self) -> bool:
         """True when exactly one captured call was joined to the response."""
         return self.model_call_id is not None
-
-    @property
-    def corroborated_by(self) -> tuple[str, ...]:
-        """The names of the witnesses that agree with the naming one, in witness order."""
-        marker = "corroborated_by="
-        if not self.attributed or marker not in self.reason:
-            return ()
-        return tuple(self.reason.split(marker, 1)[1].split(" ", 1)[0].rstrip(".").split("+"))
 
     def to_dict(self) -> dict[str, Any]:
         """Return the attribution as the rollout attachment carries it."""
@@ -321,16 +315,21 @@ def _verdict(findings: tuple[WitnessFinding, ...], views: Sequence[EntryView], d
     if not named:
         return TerminalAttribution(None, "", "No witness named exactly one captured call.", findings, (), fallback)
     first, others = named[0], named[1:]
+    corroborating = tuple(finding.name for finding in others)
     named_ids = {str(finding.model_call_id) for finding in named}
     if len(named_ids) == 1:
         reason = "Named by the only testifying witness." if not others else "The testifying witnesses agree."
-        return TerminalAttribution(first.model_call_id, first.name, reason + _corroboration(others), findings)
+        return TerminalAttribution(
+            first.model_call_id, first.name, reason + _corroboration(others), findings, corroborated_by=corroborating
+        )
     if _collapse_identical([view for view in views if view.call_id in named_ids]) is not None:
         reason = (
             f"The witnesses named calls {', '.join(sorted(named_ids))} with identical full token sequences; "
             f"the first witness's call stands."
         )
-        return TerminalAttribution(first.model_call_id, first.name, reason + _corroboration(others), findings)
+        return TerminalAttribution(
+            first.model_call_id, first.name, reason + _corroboration(others), findings, corroborated_by=corroborating
+        )
     contradictions = tuple((finding.witness, str(finding.model_call_id)) for finding in named)
     claims = "; ".join(f"{name} names {call}" for name, call in contradictions)
     reason = f"The witnesses contradict each other ({claims}); nothing is attributed."
