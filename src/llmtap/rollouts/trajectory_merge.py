@@ -79,17 +79,14 @@ def _joined(agent: Sequence[Any], capture: Sequence[Any], key: str) -> list[Any]
     """
     merged = list(agent)
     used: set[int] = set()
+    positions: dict[Any, list[int]] = {}
+    for position, mine in enumerate(agent):
+        if isinstance(mine, Mapping) and _hashable_id(mine.get(key)) is not None:
+            positions.setdefault(mine.get(key), []).append(position)
     for entry in capture:
-        wanted = entry.get(key) if isinstance(entry, Mapping) else None
-        candidates = [
-            position
-            for position, mine in enumerate(agent)
-            if wanted is not None
-            and position not in used
-            and isinstance(mine, Mapping)
-            and mine.get(key) == wanted
-            and _same_invocation(mine, entry)
-        ]
+        wanted = _hashable_id(entry.get(key)) if isinstance(entry, Mapping) else None
+        found = positions.get(wanted, []) if wanted is not None else []
+        candidates = [p for p in found if p not in used and _same_invocation(agent[p], entry)]
         if len(candidates) > 1:  # an entry already holding all of capture's is the one it joined before
             done = [p for p in candidates if _filled(agent[p], entry) == agent[p]]
             same = [p for p in candidates if agent[p].get("invocation_id") == entry.get("invocation_id")]
@@ -100,6 +97,11 @@ def _joined(agent: Sequence[Any], capture: Sequence[Any], key: str) -> list[Any]
         else:
             merged.append(copy.deepcopy(entry))
     return merged
+
+
+def _hashable_id(value: Any) -> str | int | None:
+    """An entry id usable as a key: a string or an integer (anything else joins nothing)."""
+    return value if isinstance(value, (str, int)) and not isinstance(value, bool) else None
 
 
 def _same_invocation(agent: Mapping[str, Any], capture: Mapping[str, Any]) -> bool:
