@@ -13,6 +13,8 @@ from llmtap.dialects.history import (
     HISTORY_ITEM_KEYS,
     HISTORY_ITEM_TYPES,
     continued_response_id,
+    fingerprint_outputs,
+    fingerprint_request_items,
     item_fingerprint,
     request_items,
     response_items,
@@ -21,6 +23,7 @@ from llmtap.dialects.history import (
 )
 from llmtap.exchange import Exchange
 from llmtap.records import raw_line_from_exchange
+from llmtap.rollouts.fingerprint import fingerprint
 from tests.fixtures import RecordedExchange, all_fixtures, fixture
 
 # Recorded follow-up requests that replay an earlier recorded call's input and output.
@@ -301,3 +304,69 @@ def test_any_json_reads_into_outputs_that_flatten_to_the_response_items(dialect:
         assert item.get("item_id") is None or isinstance(item["item_id"], str)
     found = served_response_id(payload)
     assert found is None or (isinstance(found, str) and found == payload.get("id"))
+
+
+# --- the raw items the content fingerprint reads ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("earlier", "follow_up"), RECORDED_CHAINS)
+def test_a_follow_up_request_replays_the_earlier_calls_model_authored_spine(earlier: str, follow_up: str) -> None:
+    first, second = fixture(earlier), fixture(follow_up)
+    first_request = fingerprint_request_items(first.dialect, first.request_json)
+    first_outputs = fingerprint_outputs(first.dialect, reassembled_response(first))
+    replayed = fingerprint_request_items(second.dialect, second.request_json)
+    assert first_request is not None and first_outputs is not None and replayed is not None
+
+    # The earlier call's continuation is what the follow-up request's model-authored turns say.
+    assert fingerprint([*first_request, *first_outputs[0]]) == fingerprint(replayed) != ""
+
+
+def test_fingerprint_items_are_the_providers_own_objects_unread() -> None:
+    refusal = {"type": "refusal", "refusal": "no"}
+    output = [{"type": "message", "role": "assistant", "content": [refusal]}, "junk"]
+
+    assert fingerprint_outputs("responses", {"output": output}) == [output]
+    assert fingerprint_request_items("responses", {"instructions": "s", "input": "hi"}) == []
+    assert fingerprint_request_items("responses", {"input": [1, {"role": "user"}]}) == [1, {"role": "user"}]
+    assert fingerprint_request_items("messages", {"system": "s", "messages": [{"role": "user", "content": "x"}]}) == [
+        {"role": "user", "content": "x"}
+    ]
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "content": "x"}
+    assert fingerprint_outputs("messages", message) == [[message]]
+
+
+def test_chat_outputs_are_one_message_per_choice_in_index_order() -> None:
+    first, second = {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}
+    response = {"choices": [{"index": 1, "message": second}, "junk", {"index": 0, "message": first}, {"index": 2}]}
+
+    assert fingerprint_outputs("chat", response) == [[first], [second]]
+
+
+@pytest.mark.parametrize(
+    ("dialect", "value"),
+    [
+        ("chat", {"messages": "x"}),
+        ("messages", {}),
+        ("responses", {"input": 5}),
+        ("nope", {"input": []}),
+        ("chat", None),
+    ],
+    ids=repr,
+)
+def test_unknown_request_shapes_give_none(dialect: str, value: Any) -> None:
+    assert fingerprint_request_items(dialect, value) is None
+
+
+@pytest.mark.parametrize(
+    ("dialect", "value"),
+    [
+        ("chat", {"choices": "x"}),
+        ("messages", {"content": 5}),
+        ("responses", {"output": {}}),
+        ("nope", {}),
+        ("chat", []),
+    ],
+    ids=repr,
+)
+def test_unknown_response_shapes_give_none(dialect: str, value: Any) -> None:
+    assert fingerprint_outputs(dialect, value) is None

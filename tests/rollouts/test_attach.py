@@ -239,11 +239,13 @@ def test_a_failed_projection_keeps_payloads_on_the_calls_and_says_why(store: Cap
     line = captured_line(TOOL_CALL, model_call_id="broken", started_at=1.0)
     line["latency_ms"] = -5.0
     store.append("3-1", line)
-    row = row_for(**{TRAJECTORY_KEY: {"stale": True}})
-
-    attached = attach_rollout(row, store)
+    attached = attach_rollout(row_for(), store)
+    # A trajectory the agent wrote itself is not capture's to drop: it stays exactly as it was.
+    kept = attach_rollout(row_for(**{TRAJECTORY_KEY: {"agent": "own"}}), store)
 
     assert TRAJECTORY_KEY not in attached
+    assert kept[TRAJECTORY_KEY] == {"agent": "own"}
+    assert kept[CAPTURE_KEY]["gaps"] == [{"code": "trajectory_projection_failed", "detail": "ValueError"}]
     assert attached[CAPTURE_KEY]["calls"][0]["request"] == fixture(TOOL_CALL).request_json
     assert attached[CAPTURE_KEY]["gaps"] == [{"code": "trajectory_projection_failed", "detail": "ValueError"}]
 
@@ -395,3 +397,127 @@ def test_explicit_terminal_call_key_is_used(tmp_path: Path) -> None:
     attribution = row["ng_model_call_capture"]["attribution"]
     assert not attribution["attributed"]
     assert attribution["witnesses"]["explicit"]["verdict"] == "abstained"
+
+
+# an agent's own ng_trajectory -----------------------------------------------------------------------
+
+WEATHER_CALL_ID = "call_IUonKM9GCNis5eMRHuusMqoy"
+
+
+def reference_agent_trajectory() -> dict[str, Any]:
+    """The `ng_trajectory` an agent that reports its own (the reference system's) writes for 3-1."""
+    return {
+        "schema_version": "1.0",
+        "task_id": "3",
+        "task_index": 3,
+        "rollout_index": 1,
+        "attempt_index": None,
+        "rollout_id": "3-1",
+        "invocations": [{"invocation_id": "inv-0", "agent_name": "simple_agent"}],
+        "model_calls": [],
+        "turns": [
+            {
+                "invocation_id": "inv-0",
+                "turn_no": 1,
+                "question": "What's the weather in Florence,Italy?",
+                "answer": "The weather in Florence, Italy is currently 40\u00b0C.",
+                "status": "answered",
+                "resolved": True,
+                "step_count": 2,
+            }
+        ],
+        "tool_calls": [
+            {
+                "invocation_id": "inv-0",
+                "tool_call_id": WEATHER_CALL_ID,
+                "tool_name": "weather",
+                "status": "completed",
+                "output": None,
+                "started_at": 1_700_000_000.4,
+                "completed_at": 1_700_000_000.40163,
+                "duration_ms": 1.63,
+                "timing_source": "agent",
+            },
+            {
+                "invocation_id": "inv-0",
+                "tool_call_id": "local-1",
+                "tool_name": "cleanup",
+                "status": "completed",
+                "duration_ms": 0.2,
+            },
+        ],
+        "resolution": {"status": "resolved", "resolved": True, "reward": 1.0, "source": "verifier"},
+        "step_count": 2,
+        "gaps": [{"code": "multimodal_history_redacted", "source": "producer"}],
+    }
+
+
+def test_attach_keeps_the_agents_own_trajectory_and_adds_what_capture_knows(store: CaptureStore) -> None:
+    store_fixtures(store, "3-1", TOOL_CALL, TOOL_ANSWER)
+    own = reference_agent_trajectory()
+    row = row_for(**{TRAJECTORY_KEY: copy.deepcopy(own)})
+
+    merged = attach_rollout(row, store)[TRAJECTORY_KEY]
+    projected_alone = attach_rollout(row_for(), store)[TRAJECTORY_KEY]
+
+    # What replacing used to give: capture alone cannot time the tool.
+    weather_alone = next(t for t in projected_alone["tool_calls"] if t["tool_call_id"] == WEATHER_CALL_ID)
+    assert weather_alone["status"] == "unknown" and weather_alone["duration_ms"] is None
+    assert {"code": "tool_timing_unavailable", "source": "trajectory", "detail": "count=1"} in projected_alone["gaps"]
+    # Merged: the agent's status and timing stay, capture adds the call that asked and the output shown.
+    weather = next(t for t in merged["tool_calls"] if t["tool_call_id"] == WEATHER_CALL_ID)
+    assert {key: weather[key] for key in own["tool_calls"][0] if key != "output"} == {
+        key: value for key, value in own["tool_calls"][0].items() if key != "output"
+    }
+    assert weather["output"] == "40 C"  # the agent left it null: the model-visible output fills it
+    assert weather["requested_by_model_call_id"] == "mc-0" and weather["output_model_call_id"] == "mc-1"
+    assert weather["arguments"] == {"location": "Florence, Italy"}
+    assert merged["tool_calls"][1] == own["tool_calls"][1]  # a tool capture never saw stays
+    assert len(merged["tool_calls"]) == 2
+    assert "tool_timing_unavailable" not in {gap["code"] for gap in merged["gaps"]}
+    # Everything else the agent reported is kept; capture adds the calls it recorded.
+    for key in ("turns", "invocations", "resolution", "step_count", "task_id", "rollout_id"):
+        assert merged[key] == own[key]
+    assert [call["model_call_id"] for call in merged["model_calls"]] == ["mc-0", "mc-1"]
+    assert merged["model_calls"][0]["request"] == fixture(TOOL_CALL).request_json
+    assert merged["threads"] == projected_alone["threads"]
+    assert merged["gaps"][0] == own["gaps"][0]
+    assert "model_calls_unavailable" not in {gap["code"] for gap in merged["gaps"]}
+    # The payloads live in the merged trajectory, so the attached calls leave them out.
+    assert all(not PAYLOAD_KEYS & set(call) for call in attach_rollout(row, store)[CAPTURE_KEY]["calls"])
+
+
+def test_attaching_an_agents_trajectory_twice_gives_the_same_row(store: CaptureStore) -> None:
+    store_fixtures(store, "3-1", TOOL_CALL, TOOL_ANSWER)
+    once = attach_rollout(row_for(**{TRAJECTORY_KEY: reference_agent_trajectory()}), store)
+
+    assert attach_rollout(once, store) == once
+
+
+def test_an_agents_trajectory_for_another_rollout_is_kept_unmerged_with_the_mismatch_noted(
+    store: CaptureStore,
+) -> None:
+    store_fixtures(store, "3-1", TOOL_CALL)
+    own = {**reference_agent_trajectory(), "rollout_id": "9-9"}
+
+    merged = attach_rollout(row_for(**{TRAJECTORY_KEY: copy.deepcopy(own)}), store)[TRAJECTORY_KEY]
+
+    assert {key: value for key, value in merged.items() if key != "gaps"} == {
+        key: value for key, value in own.items() if key != "gaps"
+    }
+    assert merged["gaps"] == [
+        *own["gaps"],
+        {"code": "producer_trajectory_identity_mismatch", "source": "trajectory", "detail": "rollout_id"},
+    ]
+
+
+@pytest.mark.parametrize("value", ["text", [1, 2], {"schema_version": "2.0", "turns": [1]}], ids=repr)
+def test_an_agents_trajectory_that_is_not_schema_1_0_is_left_exactly_as_it_was(store: CaptureStore, value: Any) -> None:
+    store_fixtures(store, "3-1", TOOL_CALL)
+
+    attached = attach_rollout(row_for(**{TRAJECTORY_KEY: copy.deepcopy(value)}), store)
+
+    assert attached[TRAJECTORY_KEY] == value
+    assert attached[CAPTURE_KEY]["gaps"] == [{"code": "producer_trajectory_invalid", "detail": type(value).__name__}]
+    # No trajectory of ours holds the payloads, so the attached calls keep them.
+    assert attached[CAPTURE_KEY]["calls"][0]["request"] == fixture(TOOL_CALL).request_json

@@ -23,10 +23,11 @@ from llmtap.records import ModelCallRecord, raw_line_from_exchange
 from llmtap.rollouts.terminal import (
     FALLBACK_MASK,
     FALLBACK_SINGLE_CHAIN,
+    METHODS,
     WITNESSES,
     TerminalAttribution,
-    assistant_fingerprint,
     continuation_fingerprint,
+    output_fingerprint,
     resolve_terminal,
 )
 from tests.fixtures import RecordedExchange, all_fixtures, fixture
@@ -57,8 +58,11 @@ def reissued(value: Any, suffix: str) -> Any:
 
 
 def without_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Items as a harness that kept only their content would write them."""
-    return [{key: value for key, value in item.items() if key not in ("id", "call_id")} for item in items]
+    """Items as a harness that kept only their content would write them: item ids dropped.
+
+    A tool call's `call_id` is part of its content (the fingerprint hashes it), so it stays.
+    """
+    return [{key: value for key, value in item.items() if key != "id"} for item in items]
 
 
 def record(
@@ -136,6 +140,9 @@ SETUPS: dict[str, Callable[[str], Setup]] = {
     "item_id": _item_id,
     "content": _content,
 }
+# The verdict's method for each witness's setup: content names c2 by its own output.
+METHOD = {"explicit": "explicit", "declared": "declared", "response_id": "response_id", "item_id": "item_id"}
+METHOD["content"] = "content_output"
 TARGET = {"explicit": "c2", "declared": "c2", "response_id": "c2", "item_id": "c3", "content": "c2"}
 OTHER = {"explicit": "c1", "declared": "c1", "response_id": "c1", "item_id": "c3", "content": "c2"}
 
@@ -160,7 +167,8 @@ def test_each_witness_alone_attributes_its_call(rollout: list[ModelCallRecord], 
 
     assert named(attribution) == {witness: TARGET[witness]}
     assert attribution.attributed and attribution.model_call_id == TARGET[witness]
-    assert attribution.method == witness
+    assert attribution.method == METHOD[witness]
+    assert attribution.corroborated_by == ()
     assert attribution.contradictions == () and attribution.fallback is None
 
 
@@ -193,7 +201,9 @@ def test_every_pair_of_agreeing_witnesses_attributes(
 
     assert named(attribution) == targets
     assert attribution.model_call_id == targets[first]
-    assert attribution.method == f"{first}+{second}"
+    assert attribution.method == METHOD[first]
+    assert attribution.reason.endswith(f"corroborated_by={METHOD[second]}")
+    assert attribution.corroborated_by == (METHOD[second],)
     assert attribution.contradictions == () and attribution.fallback is None
 
 
@@ -204,14 +214,16 @@ def test_every_pair_of_contradicting_witnesses_attributes_nothing_and_keeps_the_
     targets = _pair_targets(first, second, agree=False)
     entries = list(rollout)
     if targets is None:
-        # A retry served only the second tool call again, under a fresh id. The transcript ends
-        # with the original call's item (so its id names c3) but its content is exactly the
-        # retry's whole output (so content names the retry).
-        retry_body = reissued(rollout[2].response, "-retry")
-        retry_body["output"] = retry_body["output"][1:]
-        entries.append(record(PARALLEL, "c4", 3, body=retry_body))
-        targets = {"item_id": "c3", "content": "c4"}
-        arguments: dict[str, Any] = {"response": {"output": [output_of(rollout[2])[-1]]}}
+        # c5 served the answer message after the tool call in one output; c4, a retry, served the
+        # same message alone under a fresh message id. The transcript is that message with c5's
+        # id: its id names c5, and its content (message ids are not content) is exactly c4's
+        # whole output. Tool-call ids are content, so only a message can make this split.
+        answer = body_of(ANSWER)
+        combined = {**answer, "id": "resp_c5", "output": [*output_of(rollout[0]), *answer["output"]]}
+        entries = [rollout[0], rollout[2], record(ANSWER, "c5", 3, body=combined)]
+        entries.append(record(ANSWER, "c4", 4, body=reissued(answer, "-retry")))
+        targets = {"item_id": "c5", "content": "c4"}
+        arguments: dict[str, Any] = {"response": {"output": answer["output"]}}
     else:
         arguments = _arguments(rollout, targets)
     attribution = resolve_terminal(entries, **arguments)
@@ -224,14 +236,18 @@ def test_every_pair_of_contradicting_witnesses_attributes_nothing_and_keeps_the_
     assert all(call in attribution.reason for call in targets.values())
 
 
-def test_all_five_witnesses_agreeing_attribute_with_every_name_in_the_method(rollout: list[ModelCallRecord]) -> None:
+def test_all_five_witnesses_agreeing_name_the_first_and_list_the_others_as_corroborating(
+    rollout: list[ModelCallRecord],
+) -> None:
     answer = rollout[1]
     attribution = resolve_terminal(
         rollout, answer.response, explicit_call_id="c2", declared_response_id=answer.response_id
     )
 
     assert attribution.model_call_id == "c2"
-    assert attribution.method == "+".join(WITNESSES)
+    assert attribution.method == "explicit"
+    assert "corroborated_by=declared+response_id+item_id+content_output" in attribution.reason
+    assert attribution.corroborated_by == ("declared", "response_id", "item_id", "content_output")
 
 
 # --- transcripts -------------------------------------------------------------------------------
@@ -291,6 +307,7 @@ def test_a_chat_backend_call_is_named_by_a_responses_transcript_with_a_namespace
             {
                 "type": "function_call",
                 "call_id": call["id"],
+                "namespace": "weather_ns",
                 "name": "weather",
                 "arguments": '{"location": "Florence, Italy"}',
             }
@@ -300,6 +317,12 @@ def test_a_chat_backend_call_is_named_by_a_responses_transcript_with_a_namespace
     attribution = resolve_terminal(entries, transcript)
 
     assert named(attribution) == {"item_id": "chat-1", "content": "chat-1"}
+    # A first call's cumulative fingerprint is its own output's: the cumulative reading names it.
+    assert attribution.method == "item_id" and attribution.corroborated_by == ("content_cumulative",)
+
+    # Without its namespace the call hashes another name: only the item id (bare names) names it.
+    del transcript["output"][0]["namespace"]
+    assert named(resolve_terminal(entries, transcript)) == {"item_id": "chat-1"}
 
 
 # --- ambiguity, retries ------------------------------------------------------------------------
@@ -345,7 +368,9 @@ def test_witnesses_naming_identical_retries_attribute_instead_of_contradicting()
     attribution = resolve_terminal([kept, retry], kept.response, explicit_call_id="r-2")
 
     assert named(attribution)["explicit"] == "r-2" and named(attribution)["content"] == "r-1"
-    assert attribution.model_call_id == "r-1"
+    # The first witness's call stands, not the smallest id (content-fingerprint.md).
+    assert attribution.model_call_id == "r-2" and attribution.method == "explicit"
+    assert attribution.corroborated_by == ("response_id", "item_id", "content_output")
     assert attribution.contradictions == ()
 
 
@@ -421,6 +446,8 @@ def test_every_recorded_response_is_attributed_to_its_call_among_others_without_
     assert attribution.model_call_id == "terminal"
     assert named(attribution)["response_id"] == "terminal"
     assert set(named(attribution).values()) == {"terminal"}
+    assert attribution.method == "response_id" and set(attribution.corroborated_by) <= set(METHODS)
+    assert "item_id" not in named(attribution) or attribution.corroborated_by[0] == "item_id"
 
 
 def captured(recorded: RecordedExchange, call_id: str, index: int) -> ModelCallRecord:
@@ -470,8 +497,9 @@ def custody_row(entry: ModelCallRecord, key: str, *, digest: str, length: int = 
         "cumulative_hash": digest,
         "chain_hash": "chain-" + digest,
         "cumulative_length": length,
-        "assistant_fingerprint": assistant_fingerprint(entry.response, dialect=entry.dialect),
+        "output_fingerprint": output_fingerprint(entry.response, dialect=entry.dialect),
         "continuation_fingerprint": continuation_fingerprint(entry.request, entry.response, dialect=entry.dialect),
+        "fingerprint_version": 2,
     }
 
 
@@ -515,15 +543,290 @@ def test_a_custody_row_identifies_only_by_its_staged_hash_never_by_stray_token_a
     assert verdicts(attribution)["content"] == "abstained"
 
 
-def test_fingerprints_ignore_served_ids_and_argument_formatting(rollout: list[ModelCallRecord]) -> None:
+def test_fingerprints_ignore_item_ids_and_argument_formatting_but_not_tool_call_ids(
+    rollout: list[ModelCallRecord],
+) -> None:
     body = copy.deepcopy(rollout[0].response)
     assert body is not None
     body["output"][0]["arguments"] = '{ "b": 2331,  "a": 1231 }'
+    body["output"][0]["id"] = "fc_other"
+    original = output_fingerprint(rollout[0].response, dialect="responses")
 
-    assert assistant_fingerprint(reissued(body, "-x"), dialect="responses") == assistant_fingerprint(
-        rollout[0].response, dialect="responses"
+    assert output_fingerprint(body, dialect="responses") == original
+    assert output_fingerprint(reissued(body, "-x"), dialect="responses") != original
+    assert output_fingerprint({"output": []}, dialect="responses") == ""
+    assert output_fingerprint({"output": [1]}, dialect="responses") is None
+
+
+# --- the reading rules of content-fingerprint.md -------------------------------------------------
+
+CHAT_CALL, CHAT_ANSWER = "chat/tool-call-gpt4o", "chat/tool-result-followup-gpt4o"
+CLAUDE_CALL, CLAUDE_ANSWER = "messages/tool-use-sonnet4", "messages/tool-result-followup-sonnet4"
+
+
+def chat_message(name: str) -> dict[str, Any]:
+    message = body_of(name)["choices"][0]["message"]
+    assert isinstance(message, dict)
+    return message
+
+
+@pytest.fixture
+def chat_rollout() -> list[ModelCallRecord]:
+    return [record(CHAT_CALL, "k1", 0), record(CHAT_ANSWER, "k2", 1), record("chat/text-basic-gpt4o", "aux", 2)]
+
+
+def finding(attribution: TerminalAttribution, witness: str) -> Any:
+    return next(w for w in attribution.witnesses if w.witness == witness)
+
+
+def test_chat_tool_calls_on_an_assistant_message_are_model_authored_content(
+    chat_rollout: list[ModelCallRecord],
+) -> None:
+    user = {"role": "user", "content": "What's the weather in Florence,Italy?"}
+    call = chat_message(CHAT_CALL)
+
+    attribution = resolve_terminal(chat_rollout, {"output": [user, call]})
+
+    assert named(attribution) == {"content": "k1"}
+    assert attribution.method == "content_cumulative"  # a first call: its cumulative is its own output
+    # Read as text only, the message would be an empty assistant turn and name nothing.
+    text_only = resolve_terminal(chat_rollout, {"output": [user, {**call, "tool_calls": None}]})
+    assert verdicts(text_only)["content"] == "abstained" and not text_only.attributed
+
+
+def test_a_full_chat_transcript_matches_the_cumulative_fingerprint_of_its_last_call(
+    chat_rollout: list[ModelCallRecord],
+) -> None:
+    context = copy.deepcopy(fixture(CHAT_ANSWER).request_json["messages"])
+    attribution = resolve_terminal(chat_rollout, {"output": [*context, chat_message(CHAT_ANSWER)]})
+
+    assert named(attribution) == {"content": "k2"}
+    assert attribution.method == "content_cumulative"
+    assert "cumulative" in finding(attribution, "content").detail
+
+
+def test_a_transcript_that_ends_with_a_tool_result_has_no_trailing_block(chat_rollout: list[ModelCallRecord]) -> None:
+    context = copy.deepcopy(fixture(CHAT_ANSWER).request_json["messages"])  # ends with the tool message
+    attribution = resolve_terminal(chat_rollout, {"output": context})
+
+    # Only the cumulative reading can match it: the spine is the first call's tool call.
+    assert named(attribution) == {"content": "k1"}
+    assert "trailing block" not in finding(attribution, "content").detail
+
+    # A transcript whose earlier turns the harness rewrote matches nothing once a tool result ends it.
+    rewritten = [{"role": "assistant", "content": "I looked it up."}, *context[1:]]
+    assert verdicts(resolve_terminal(chat_rollout, {"output": rewritten}))["content"] == "abstained"
+
+
+def test_the_trailing_block_stops_at_the_last_non_model_item(chat_rollout: list[ModelCallRecord]) -> None:
+    composed = {"role": "assistant", "content": "Let me think about the weather."}
+    answer = chat_message(CHAT_ANSWER)
+    transcript = {"output": [composed, {"role": "user", "content": "go on"}, answer]}
+
+    attribution = resolve_terminal(chat_rollout, transcript)
+
+    assert named(attribution) == {"content": "k2"}
+    assert attribution.method == "content_output"
+    assert "trailing block" in finding(attribution, "content").detail
+    # A reasoning item after the answer ends the block too: nothing trails.
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": []}
+    assert verdicts(resolve_terminal(chat_rollout, {"output": [*transcript["output"], reasoning]}))["content"] == (
+        "abstained"
     )
-    assert assistant_fingerprint({"output": []}, dialect="responses") is None
+
+
+def test_anthropic_tool_use_blocks_in_the_output_are_content_and_match_every_shape_of_the_turn() -> None:
+    entries = [record(CLAUDE_CALL, "m1", 0), record(CLAUDE_ANSWER, "m2", 1)]
+    served = body_of(CLAUDE_CALL)
+    as_anthropic = {"role": "assistant", "content": served["content"]}
+    text, tool_use = served["content"]
+    as_responses = [
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text["text"]}]},
+        {
+            "type": "function_call",
+            "call_id": tool_use["id"],
+            "name": "weather",
+            "arguments": json.dumps(tool_use["input"]),
+        },
+    ]
+    as_chat = {
+        "role": "assistant",
+        "content": text["text"],
+        "tool_calls": [
+            {
+                "id": tool_use["id"],
+                "type": "function",
+                "function": {"name": "weather", "arguments": '{"location":"Florence,Italy"}'},
+            }
+        ],
+    }
+
+    for output in ([as_anthropic], as_responses, [as_chat]):
+        attribution = resolve_terminal(entries, {"output": output})
+        assert named(attribution)["content"] == "m1" and attribution.model_call_id == "m1"
+    text_only = resolve_terminal(entries, {"output": [{"role": "assistant", "content": [text]}]})
+    assert verdicts(text_only)["content"] == "abstained"
+
+
+def test_tool_call_ids_are_part_of_the_content(chat_rollout: list[ModelCallRecord]) -> None:
+    call = chat_message(CHAT_CALL)
+    call["tool_calls"][0]["id"] = "call_someone_elses"
+
+    attribution = resolve_terminal(chat_rollout, {"output": [call]})
+
+    assert verdicts(attribution)["content"] == "abstained" and not attribution.attributed
+
+
+def test_an_empty_assistant_message_still_fingerprints() -> None:
+    empty = body_of("chat/text-basic-gpt4o")
+    empty["choices"][0]["message"]["content"] = ""
+    entries = [record("chat/text-basic-gpt4o", "silent-call", 0, body=empty), record(CHAT_CALL, "k1", 1)]
+
+    attribution = resolve_terminal(entries, {"output": [{"role": "user", "content": "hi"}, {"role": "assistant"}]})
+
+    assert named(attribution) == {"content": "silent-call"}
+
+
+def test_a_message_with_no_role_is_not_model_authored(rollout: list[ModelCallRecord]) -> None:
+    roleless = [{key: value for key, value in item.items() if key != "role"} for item in output_of(rollout[1])]
+
+    attribution = resolve_terminal(rollout, {"output": roleless})
+
+    assert verdicts(attribution)["content"] == "silent" and verdicts(attribution)["item_id"] == "silent"
+
+
+def test_non_json_tool_arguments_compare_stripped() -> None:
+    served = body_of(CALL)
+    served["output"][0]["arguments"] = "multiply 1231 2331"
+    entries = [record(CALL, "shell", 0, body=served), record(ANSWER, "c2", 1)]
+    transcript_item = {**served["output"][0], "arguments": "  multiply 1231 2331\n"}
+
+    attribution = resolve_terminal(entries, {"output": [transcript_item]})
+
+    assert named(attribution) == {"item_id": "shell", "content": "shell"}
+    other = resolve_terminal(entries, {"output": [{**transcript_item, "arguments": "multiply 1231  2331"}]})
+    assert verdicts(other)["content"] == "abstained" and verdicts(other)["item_id"] == "abstained"
+
+
+def test_witnesses_agreeing_on_one_identity_name_the_first_witness_call_not_the_smallest_id() -> None:
+    tokens = ([1, 2], [3])
+    kept = record(ANSWER, "z-kept", 0, tokens=tokens)
+    retry = record(ANSWER, "a-retry", 1, body=reissued(body_of(ANSWER), "-2"), tokens=tokens)
+    transcript = {"output": output_of(kept)}  # the kept call's message, with its served id
+
+    attribution = resolve_terminal([kept, retry], transcript)
+
+    assert named(attribution) == {"item_id": "z-kept", "content": "a-retry"}  # content collapses to the smallest
+    assert attribution.model_call_id == "z-kept"
+    assert attribution.method == "item_id" and attribution.corroborated_by == ("content_output",)
+
+
+def test_empty_string_explicit_and_declared_ids_count_as_absent(rollout: list[ModelCallRecord]) -> None:
+    attribution = resolve_terminal(rollout, rollout[1].response, explicit_call_id="", declared_response_id="")
+
+    assert verdicts(attribution)["explicit"] == "silent" and verdicts(attribution)["declared"] == "silent"
+    assert attribution.model_call_id == "c2" and attribution.method == "response_id"
+
+
+# --- custody rows and lineage entries: stored fingerprints and their version ----------------------
+
+
+def full_transcript(rollout: list[ModelCallRecord]) -> dict[str, Any]:
+    tool_output = {"type": "function_call_output", "call_id": "call_nJmCK7SJe3ajdYYplIbH0KgL", "output": "2869461"}
+    return {"output": without_ids([*output_of(rollout[0]), tool_output, *output_of(rollout[1])])}
+
+
+def test_a_custody_row_of_version_2_is_attributed_with_the_method_content(rollout: list[ModelCallRecord]) -> None:
+    rows = [custody_row(entry, f"stage/{i}", digest=f"h{i}") for i, entry in enumerate(rollout)]
+
+    full = resolve_terminal(rows, full_transcript(rollout))
+    final_turn = resolve_terminal(rows, {"output": without_ids(output_of(rollout[1]))})
+
+    assert full.model_call_id == final_turn.model_call_id == "c2"
+    assert full.method == final_turn.method == "content"
+    assert "cumulative" in finding(full, "content").detail and "own output" in finding(final_turn, "content").detail
+
+
+@pytest.mark.parametrize("version", [None, 1, 3, "2", 2.0, True])
+def test_a_custody_row_of_any_other_version_is_not_comparable(rollout: list[ModelCallRecord], version: Any) -> None:
+    rows = [
+        {**custody_row(entry, f"stage/{i}", digest=f"h{i}"), "fingerprint_version": version}
+        for i, entry in enumerate(rollout)
+    ]
+    if version is None:
+        rows = [{key: value for key, value in row.items() if key != "fingerprint_version"} for row in rows]
+
+    attribution = resolve_terminal(rows, full_transcript(rollout))
+
+    content = finding(attribution, "content")
+    assert content.verdict == "abstained" and "not comparable" in content.detail
+    assert not attribution.attributed
+
+
+def test_a_custody_row_is_told_by_its_staging_key_and_never_recomputes_from_payloads(
+    rollout: list[ModelCallRecord],
+) -> None:
+    # A row with a staging key and the payloads too: only its stored fingerprints count.
+    row = {**rollout[1].to_dict(), **custody_row(rollout[1], "stage/1", digest="h1"), "output_fingerprint": "0" * 64}
+    del row["continuation_fingerprint"]
+
+    attribution = resolve_terminal([row], {"output": without_ids(output_of(rollout[1]))})
+
+    assert verdicts(attribution)["content"] == "abstained"
+
+
+def lineage_entry(entry: ModelCallRecord, *, digest: str, length: int, version: Any = 2) -> dict[str, Any]:
+    """A lineage-aware writer's entry: a recorded digest and continuation fingerprint, no payloads."""
+    row = entry.to_dict(include_payloads=False)
+    assert entry.dialect is not None
+    row.update(
+        digest=digest,
+        cumulative_length=length,
+        continuation_fingerprint=continuation_fingerprint(entry.request, entry.response, dialect=entry.dialect),
+        fingerprint_version=version,
+    )
+    return row
+
+
+@pytest.mark.parametrize("version", [2, None])
+def test_a_lineage_entry_continuation_counts_with_version_2_or_null(
+    rollout: list[ModelCallRecord], version: Any
+) -> None:
+    entries = [lineage_entry(entry, digest=f"d{i}", length=10 + i, version=version) for i, entry in enumerate(rollout)]
+
+    attribution = resolve_terminal(entries, full_transcript(rollout))
+
+    assert named(attribution) == {"content": "c2"} and attribution.method == "content_cumulative"
+
+
+def test_a_lineage_entry_continuation_of_another_version_is_not_comparable(rollout: list[ModelCallRecord]) -> None:
+    entries = [lineage_entry(entry, digest=f"d{i}", length=10 + i, version=1) for i, entry in enumerate(rollout)]
+
+    attribution = resolve_terminal(entries, full_transcript(rollout))
+
+    content = finding(attribution, "content")
+    assert content.verdict == "abstained" and "not comparable" in content.detail
+
+
+def test_a_recorded_digest_and_cumulative_length_identify_a_lineage_entry_and_are_trusted() -> None:
+    first = record(ANSWER, "l-2", 0, tokens=([1], [2]))
+    second = record(ANSWER, "l-1", 1, body=reissued(body_of(ANSWER), "-2"), tokens=([1], [9]))
+    final = {"output": without_ids(output_of(first))}
+
+    def entries(digest_2: str, length_2: int) -> list[dict[str, Any]]:
+        return [
+            {**first.to_dict(), "digest": "d", "cumulative_length": 3},
+            {**second.to_dict(), "digest": digest_2, "cumulative_length": length_2},
+        ]
+
+    # The digests agree although the token arrays differ: the recorded digest is trusted.
+    assert resolve_terminal(entries("d", 3), final).model_call_id == "l-1"
+    assert not resolve_terminal(entries("d2", 3), final).attributed
+    assert not resolve_terminal(entries("d", 4), final).attributed
+    # A digest identity never equals a token identity, even for the same call's tokens.
+    same_tokens = record(ANSWER, "l-1", 1, body=second.response, tokens=([1], [2]))
+    mixed = [{**first.to_dict(), "digest": "d", "cumulative_length": 3}, same_tokens]
+    assert not resolve_terminal(mixed, final).attributed
 
 
 # --- malformed input -----------------------------------------------------------------------------
@@ -645,6 +948,8 @@ def test_arbitrary_json_never_raises_and_stays_consistent(
     if attribution.attributed:
         ids = [e.get("model_call_id") for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
         assert attribution.model_call_id in ids
+        assert attribution.method in METHODS and set(attribution.corroborated_by) <= set(METHODS)
+    assert ("corroborated_by=" in attribution.reason) == bool(attribution.corroborated_by)
 
 
 @settings(max_examples=100, deadline=None)

@@ -31,6 +31,7 @@ from llmtap.rollouts.trajectory import (
     model_visible_input,
     project_trajectory,
 )
+from llmtap.rollouts.trajectory_merge import ProducerTrajectoryInvalid, merge_trajectory, untimed_tool_calls
 from llmtap.store import CaptureStore
 from tests.dialects.test_history import JSON
 from tests.fixtures import RecordedExchange, all_fixtures, fixture
@@ -463,3 +464,101 @@ def test_any_captured_payloads_project_without_raising(
         if entry["input"] is not None:
             model_visible_input(trajectory, entry["model_call_id"])
     json.dumps(trajectory)  # the standard library: a row may carry integers beyond 64 bits
+
+
+# --- merging an agent's own trajectory (rollouts.trajectory_merge) --------------------------------
+
+
+def _projection() -> dict[str, Any]:
+    lines = [
+        captured_line("chat/tool-call-gpt4o", model_call_id="mc-0", started_at=1.0, model_ref=POLICY),
+        captured_line("chat/tool-result-followup-gpt4o", model_call_id="mc-1", started_at=2.0, model_ref=POLICY),
+    ]
+    records = [ModelCallRecord.from_raw_line(line, index) for index, line in enumerate(lines)]
+    return project_trajectory({**ROW, "_ng_task_index": 3, "_ng_rollout_index": 1}, records, rollout_id="3-1")
+
+
+PROJECTION = _projection()
+leaf = st.none() | st.booleans() | st.integers(-3, 3) | st.floats(0, 5) | st.text("ab", max_size=2)
+tool_entry = st.fixed_dictionaries(
+    {"tool_call_id": st.sampled_from([None, "call_IUonKM9GCNis5eMRHuusMqoy", "other"])},
+    optional={
+        "invocation_id": st.sampled_from([None, "inv-0", "inv-1"]),
+        "status": leaf,
+        "duration_ms": leaf,
+        "started_at": leaf,
+        "output": leaf,
+        "hosted": st.booleans(),
+    },
+)
+model_entry = st.fixed_dictionaries(
+    {"model_call_id": st.sampled_from([None, "mc-0", "mc-1", "mc-9"])},
+    optional={"duration_ms": leaf, "token_stats": st.dictionaries(st.sampled_from(TOKEN_FIELDS), leaf, max_size=3)},
+)
+agent_records = st.fixed_dictionaries(
+    {},
+    optional={
+        "schema_version": st.just("1.0"),
+        "task_id": st.sampled_from([None, "3"]),
+        "rollout_id": st.sampled_from([None, "3-1"]),
+        "step_count": leaf,
+        "turns": st.lists(st.dictionaries(st.sampled_from(["turn_no", "answer"]), leaf, max_size=2), max_size=2),
+        "tool_calls": st.lists(tool_entry, max_size=3),
+        "model_calls": st.lists(model_entry, max_size=3),
+        "resolution": st.dictionaries(st.sampled_from(["status", "resolved", "reward"]), leaf, max_size=3),
+        "gaps": st.lists(
+            st.fixed_dictionaries({"code": st.sampled_from(["tool_timing_unavailable", "agent_gap"])}), max_size=2
+        ),
+        "extra": leaf,
+    },
+)
+
+
+def _kept(agent: Any, merged: Any) -> bool:
+    """Every non-null value the agent reported is in `merged`, at the same place (lists: entries kept)."""
+    if isinstance(agent, dict):
+        return isinstance(merged, dict) and all(
+            value is None or (key in merged and _kept(value, merged[key])) for key, value in agent.items()
+        )
+    if isinstance(agent, list):
+        return isinstance(merged, list) and len(merged) >= len(agent) and all(map(_kept, agent, merged))
+    return bool(agent == merged)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(agent=agent_records)
+def test_a_merge_keeps_every_value_the_agent_reported_and_is_idempotent(agent: dict[str, Any]) -> None:
+    original, projection = copy.deepcopy(agent), copy.deepcopy(PROJECTION)
+
+    merged = merge_trajectory(agent, PROJECTION)
+
+    assert agent == original and projection == PROJECTION  # neither input changes
+    kept_keys = {key: value for key, value in agent.items() if key != "gaps"}
+    assert _kept(kept_keys, merged)
+    assert merge_trajectory(merged, PROJECTION) == merged
+    assert all(gap in merged["gaps"] for gap in agent.get("gaps", []) if gap["code"] != "tool_timing_unavailable")
+    untimed = untimed_tool_calls(merged["tool_calls"])
+    timing_gaps = [gap for gap in merged["gaps"] if gap["code"] == "tool_timing_unavailable"]
+    expected = {"code": "tool_timing_unavailable", "source": "trajectory", "detail": f"count={untimed}"}
+    assert timing_gaps == ([expected] if untimed else [])
+
+
+def test_merging_a_projection_into_itself_changes_nothing() -> None:
+    assert merge_trajectory(copy.deepcopy(PROJECTION), PROJECTION) == PROJECTION
+
+
+def test_a_capture_call_joins_only_an_agent_entry_of_a_compatible_invocation() -> None:
+    agent = {"tool_calls": [{"tool_call_id": "call_IUonKM9GCNis5eMRHuusMqoy", "invocation_id": "inv-0"}]}
+    capture = copy.deepcopy(PROJECTION)
+    capture["tool_calls"][0]["invocation_id"] = "inv-1"
+
+    merged = merge_trajectory(agent, capture)
+
+    assert [entry["invocation_id"] for entry in merged["tool_calls"]] == ["inv-0", "inv-1"]
+    assert merged["tool_calls"][0] == agent["tool_calls"][0]
+
+
+@pytest.mark.parametrize("value", [None, "x", 3, [], {"schema_version": "0.9"}], ids=repr)
+def test_a_value_that_is_not_a_schema_1_0_record_is_refused(value: Any) -> None:
+    with pytest.raises(ProducerTrajectoryInvalid):
+        merge_trajectory(value, PROJECTION)

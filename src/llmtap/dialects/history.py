@@ -44,6 +44,8 @@ __all__ = [
     "HISTORY_ITEM_TYPES",
     "HistoryItem",
     "continued_response_id",
+    "fingerprint_outputs",
+    "fingerprint_request_items",
     "item_fingerprint",
     "request_items",
     "response_items",
@@ -142,6 +144,52 @@ def continued_response_id(dialect: str | None, request: Any) -> str | None:
         return None
     value = request.get("previous_response_id")
     return value if isinstance(value, str) and value else None
+
+
+def fingerprint_request_items(dialect: str | None, request: Any) -> list[Any] | None:
+    """Return a request's raw input items as the content fingerprint reads them, or None when unknown.
+
+    Unlike `request_items` this selects the provider's own JSON objects without reading them:
+    the fingerprint hashes raw blocks (a refusal block's canonical JSON), so it must see them
+    as sent. Responses `instructions`, a string `input` and Messages `system` are not
+    model-authored, so they contribute nothing and are left out; elements are not filtered, so
+    a non-object element reaches the fingerprint, which calls the list unreadable.
+    """
+    if not isinstance(request, Mapping):
+        return None
+    if dialect == "responses":
+        prompt_input = request.get("input")
+        if prompt_input is None or isinstance(prompt_input, str):
+            return []
+        return list(prompt_input) if isinstance(prompt_input, list) else None
+    if dialect in ("chat", "messages"):
+        messages = request.get("messages")
+        return list(messages) if isinstance(messages, list) else None
+    return None
+
+
+def fingerprint_outputs(dialect: str | None, response: Any) -> list[list[Any]] | None:
+    """Return a response's raw output items per alternative served, as the content fingerprint reads them.
+
+    Responses: the `output` list; chat: each choice's `message` alone, in index order (a choice
+    without an object message serves nothing); Messages: the response object itself, an
+    assistant message whose `content` blocks hold its text and `tool_use` calls. None when the
+    dialect or shape is unknown.
+    """
+    if not isinstance(response, Mapping):
+        return None
+    if dialect == "responses":
+        output = response.get("output")
+        return [list(output)] if isinstance(output, list) else None
+    if dialect == "chat":
+        choices = response.get("choices")
+        if not isinstance(choices, list):
+            return None
+        ordered = _choices_in_order(choices)
+        return [[choice["message"]] for _, choice in ordered if isinstance(choice.get("message"), dict)]
+    if dialect == "messages":
+        return [[dict(response)]] if isinstance(response.get("content"), (list, str)) else None
+    return None
 
 
 def _memoized(
@@ -387,17 +435,21 @@ def _chat_request_message(message: dict[str, Any]) -> list[HistoryItem]:
     return _chat_message(message, None)
 
 
+def _choices_in_order(choices: list[Any]) -> list[tuple[int, Mapping[str, Any]]]:
+    """The object choices with their position, ordered by `index` (position when it has none)."""
+    return sorted(
+        enumerate(_mappings(choices)),
+        key=lambda pair: (pair[1].get("index") if isinstance(pair[1].get("index"), int) else pair[0], pair[0]),
+    )
+
+
 def _chat_choices(response: Mapping[str, Any]) -> list[list[HistoryItem]] | None:
     """Each choice's message, in index order; `choice_index` is set only when there are several."""
     choices = response.get("choices")
     if not isinstance(choices, list):
         return None
-    readable = _mappings(choices)
-    several = len(readable) > 1
-    ordered = sorted(
-        enumerate(readable),
-        key=lambda pair: (pair[1].get("index") if isinstance(pair[1].get("index"), int) else pair[0], pair[0]),
-    )
+    ordered = _choices_in_order(choices)
+    several = len(ordered) > 1
     outputs: list[list[HistoryItem]] = []
     for position, choice in ordered:
         message = choice.get("message")

@@ -7,7 +7,11 @@ other key exactly as it was (the agent's response, reward, token ids, ...):
   `calls` (normalized records) and `gaps`, left out when empty;
 - `ng_trajectory`: the schema 1.0 projection (`llmtap.rollouts.trajectory`). Once it holds the
   payloads, the attached calls leave them out; if projection fails, the calls keep them, the gap
-  `trajectory_projection_failed` (detail: the exception class) is added and no trajectory is set;
+  `trajectory_projection_failed` (detail: the exception class) is added and no trajectory is set.
+  When the row already has an `ng_trajectory` (an agent that writes its own, with its tool
+  timings), the projection is merged into it, never over it (`rollouts.trajectory_merge`: what
+  the agent reported stays, capture adds what it knows); a row value that is not a schema 1.0
+  object is kept exactly as it was, with the gap `producer_trajectory_invalid` (detail: its type);
 - `ng_agent_observations`, when the agent reported some: rewritten by the join to captured calls
   (resolved references made canonical, join gaps added; nothing the agent said is dropped).
 
@@ -17,7 +21,7 @@ any line), `model_call_capture_records_unreadable` (`count=N` damaged lines),
 `model_call_capture_unreadable` (reading raised; detail: the exception class),
 `model_call_capture_late_writes` (`count=N` calls of a cleared attempt were diverted, not
 attached), `model_call_capture_torn_tail` (the file ends in a partial line), `rollout_id_unavailable`
-(the row names no rollout) and `agent_observation_join_failed`.
+(the row names no rollout), `agent_observation_join_failed` and `producer_trajectory_invalid`.
 
 `attach_file` does the same for a whole rollouts JSONL file, streaming: one row in memory at a
 time, so memory does not grow with the number of rollouts. A line that is not a JSON object is
@@ -48,6 +52,7 @@ from llmtap.store import CaptureStore
 from .observations import OBSERVATIONS_KEY, AgentObservations, join_model_call_observations
 from .terminal import resolve_terminal
 from .trajectory import TRAJECTORY_KEY, TrajectoryOptions, project_trajectory
+from .trajectory_merge import ProducerTrajectoryInvalid, merge_trajectory
 
 __all__ = [
     "CAPTURE_KEY",
@@ -189,7 +194,7 @@ def attach_rollout(
     payloads_on_calls = options.include_payloads and not options.keep_payloads_out
     if options.trajectory:
         try:
-            result[TRAJECTORY_KEY] = project_trajectory(
+            projected = project_trajectory(
                 row,
                 records,
                 rollout_id=rollout_id,
@@ -202,8 +207,19 @@ def attach_rollout(
                 ),
             )
             payloads_on_calls = False
+            if TRAJECTORY_KEY in row:
+                projected = merge_trajectory(row[TRAJECTORY_KEY], projected)
+            result[TRAJECTORY_KEY] = projected
+        except ProducerTrajectoryInvalid as exc:  # the agent's own record is kept exactly as it came
+            result[TRAJECTORY_KEY] = row[TRAJECTORY_KEY]
+            gaps.append(_gap("producer_trajectory_invalid", type(row[TRAJECTORY_KEY]).__name__))
+            logger.debug("Kept the row's own ng_trajectory unmerged: %s", exc)
+            payloads_on_calls = not options.keep_payloads_out
         except Exception as exc:  # a projection bug must not cost the row its capture
-            result.pop(TRAJECTORY_KEY, None)
+            if TRAJECTORY_KEY in row:  # what the agent reported stays; only the projection failed
+                result[TRAJECTORY_KEY] = row[TRAJECTORY_KEY]
+            else:
+                result.pop(TRAJECTORY_KEY, None)
             gaps.append(_gap("trajectory_projection_failed", type(exc).__name__))
             payloads_on_calls = not options.keep_payloads_out
     attachment = capture_attachment(rollout_id, records, gaps, include_payloads=payloads_on_calls)

@@ -41,6 +41,7 @@ from llmtap.dialects.history import (
 from llmtap.records import ModelCallRecord
 
 from .observations import AgentObservations, ToolCallObservation, model_call_owners
+from .trajectory_merge import untimed_tool_calls
 
 __all__ = [
     "RESOLVED_KEYS",
@@ -397,7 +398,6 @@ def _tool_calls(
     entries: list[dict[str, Any]] = []
     seen: set[tuple[str | None, str]] = set()
     used: set[int] = set()
-    untimed = 0
     for call in calls:
         hosted_ids = {item["call_id"] for item in call.output_items if item["type"] == "tool_result"}
         for item in call.output_items:
@@ -419,12 +419,12 @@ def _tool_calls(
             entry = _tool_entry(item, call, matched, result, hosted)
             if matched is not None:
                 used.add(id(matched))
-            elif not hosted:
-                untimed += 1
             entries.append(entry)
     for observation in observations.tool_calls if observations is not None else []:
         if id(observation) not in used:
             entries.append(_tool_entry(None, None, observation, results.get(observation.tool_call_id), False))
+    # A client-run tool call without any timing, observed or not: the same count a merge recomputes.
+    untimed = untimed_tool_calls(entries)
     if untimed:
         gaps.append(_gap("tool_timing_unavailable", "trajectory", f"count={untimed}"))
     return entries
