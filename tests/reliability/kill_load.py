@@ -43,6 +43,7 @@ class LoadResult:
     broken: int = 0
     refused: int = 0
     started: int = 0
+    in_flight: int = 0
 
 
 async def run_streams(
@@ -70,6 +71,7 @@ async def run_streams(
                 rollout = f"{prefix}-r{number % rollouts}"
                 body = {**request, "stream": True, "metadata": {CALL_ID_KEY: call_id}}
                 result.started += 1
+                result.in_flight += 1
                 try:
                     async with session.post(f"{base_url}/ng-rollout/{rollout}{path}", json=body,
                                             headers={FIXTURE_HEADER: name}) as response:
@@ -83,6 +85,8 @@ async def run_streams(
                     await asyncio.sleep(0.05)
                 except (TimeoutError, aiohttp.ClientError):
                     result.broken += 1
+                finally:
+                    result.in_flight -= 1
                 if pause:
                     await asyncio.sleep(pause)
 
