@@ -87,6 +87,7 @@ async def soak(serve: ServeProcess, options: argparse.Namespace, load: LoadResul
     samples.append((time.monotonic() - started, serve_rss_mb(serve), load.in_flight))
     in_flight_at_kill = load.in_flight
     complete_before_kill = len(load.complete)
+    broken_before_kill = load.broken
     await asyncio.to_thread(serve.kill)
     stop.set()
     await asyncio.wait_for(task, timeout=300)
@@ -99,6 +100,7 @@ async def soak(serve: ServeProcess, options: argparse.Namespace, load: LoadResul
         median_in_flight=statistics.median(streams for _, _, streams in samples),
         in_flight_at_kill=in_flight_at_kill,
         complete_before_kill=complete_before_kill,
+        broken_before_kill=broken_before_kill,
         soak_s=samples[-1][0],
     )
     return figures
@@ -155,8 +157,10 @@ def main() -> int:
 
     growth = figures["last_mb"] - figures["first_mb"]
     lost = len(final.missing)
-    print(f"calls: {load.started:,} started, {len(load.complete):,} complete, {load.broken:,} broken by the kill "
-          f"or before it, {load.refused:,} refused after it; {len(restart_load.complete):,} complete after the restart")
+    print(f"calls: {load.started:,} started, {len(load.complete):,} complete, {figures['broken_before_kill']:,.0f} "
+          f"broken before the SIGKILL and {load.broken - figures['broken_before_kill']:,.0f} by it (in flight, or on a "
+          f"kept-alive connection), {load.refused:,} refused after it; {len(restart_load.complete):,} complete after "
+          "the restart")
     print(f"streams in flight during the soak: median {figures['median_in_flight']:,.0f}, "
           f"min {figures['min_in_flight']:,.0f}; {figures['in_flight_at_kill']:,.0f} at the SIGKILL")
     print(f"files: {final.files:,}  records: {final.records:,}  torn tails after the kill: {len(killed.torn)}  "
