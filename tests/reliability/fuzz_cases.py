@@ -350,15 +350,17 @@ def mutated_case(rng: random.Random, dialect: str) -> CallCase:
         case = CallCase(dialect, _request(rng, dialect, stream=False), recorded.status,
                         recorded.content_type or "application/json", _chunked(rng, body), notes=notes)
         return _finish(rng, case)
-    events = [[name, _dumps(data, rng) if not isinstance(data, str) else data.encode("utf-8")]
-              for name, data in _parsed_events(recorded.body_bytes)]
+    events: list[tuple[str | None, bytes]] = [
+        (name, _dumps(data, rng) if not isinstance(data, str) else data.encode("utf-8"))
+        for name, data in _parsed_events(recorded.body_bytes)
+    ]
     for _ in range(rng.randint(1, 4)):
         roll = rng.random()
         if not events:
             break
         at = rng.randrange(len(events))
         if roll < 0.15:
-            events.insert(at, list(events[at]))
+            events.insert(at, events[at])
             notes.append("duplicated")
         elif roll < 0.3:
             other = rng.randrange(len(events))
@@ -369,15 +371,15 @@ def mutated_case(rng: random.Random, dialect: str) -> CallCase:
             notes.append("dropped")
         elif roll < 0.75:
             try:
-                events[at][1] = _dumps(_mutate_json(rng, json.loads(events[at][1])), rng)
+                events[at] = (events[at][0], _dumps(_mutate_json(rng, json.loads(events[at][1])), rng))
                 notes.append("value")
             except (ValueError, RecursionError):  # already damaged or deepened by an earlier step
                 pass
         elif roll < 0.9:
-            events[at][1] = _raw_damage(rng, events[at][1])
+            events[at] = (events[at][0], _raw_damage(rng, events[at][1]))
             notes.append("raw-damage")
         else:
-            events[at][0] = rng.choice((None, "error", "message_stop", "response.completed", "\x00", ""))
+            events[at] = (rng.choice((None, "error", "message_stop", "response.completed", "\x00", "")), events[at][1])
             notes.append("renamed")
     body = b"".join(_sse(name, data, rng) for name, data in events)
     if rng.random() < 0.3:

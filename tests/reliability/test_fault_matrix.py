@@ -214,7 +214,9 @@ def sdk_call(dialect: str, base_url: str, fault: str, stream: bool, leave_after_
         return "stall"
     except (openai.APIStatusError, anthropic.APIStatusError) as failed:
         return f"complete {failed.status_code}"
-    except (openai.APIConnectionError, anthropic.APIConnectionError, *_TRANSPORT_ERRORS):
+    except (openai.APIConnectionError, anthropic.APIConnectionError):
+        return "reset"
+    except _TRANSPORT_ERRORS:
         return "reset"  # the SDKs raise their transport's own error for a stream that breaks mid-way
 
 

@@ -38,7 +38,7 @@ def append_like_serve(root: str, writer: int) -> None:
 
     async def run() -> None:
         with CaptureStore(root) as store:
-            pending: set[asyncio.Task[object]] = set()
+            pending: set[asyncio.Future[object]] = set()
             for seq in range(APPENDS_EACH):
                 record = {"model_call_id": f"w{writer}-{seq}", "writer": writer, "seq": seq, "pad": padding(writer, seq)}
                 pending.add(asyncio.ensure_future(store.append_async(SHARED, record)))
