@@ -102,6 +102,9 @@ def test_a_full_disk_leaves_the_calls_unchanged_and_counts_every_failed_record(
     assert filling.incomplete  # the rollout that lost records says so
     landed = [record.call_index for record in filling.records]
     assert len(landed) >= 4  # the calls before and after the full disk
+    # A write cut short by the full disk leaves part of a line; the next append ends it, and it is
+    # then one damaged line, skipped and counted, which shifts no other call's index.
+    assert sorted(landed + filling.unreadable_lines) == list(range(len(landed) + len(filling.unreadable_lines)))
     assert filling.records[-1].error_category is None and not filling.torn_tail
     assert len(fresh.records) == 0 or fresh.incomplete
 
