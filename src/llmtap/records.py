@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping
 import orjson
 
 from .dialects import DIALECTS, Dialect, Normalized, dialect_for_path
+from .dialects.base import writable_json
 from .dialects.sse import SSEDecoder
 from .exchange import Exchange, new_model_call_id
 
@@ -268,12 +269,12 @@ def raw_line_from_exchange(
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:
-    """The body parsed, when it is a JSON object; None for anything else."""
+    """The body parsed, when it is a JSON object the store can write back; None for anything else."""
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    return parsed if isinstance(parsed, dict) else None
+    return parsed if isinstance(parsed, dict) and writable_json(parsed, body) else None
 
 
 def _read_request(exchange: Exchange, line: dict[str, Any]) -> None:
@@ -305,8 +306,8 @@ def _read_response(
         outcome = tracker.outcome() if tracker is not None and not encoding else None
         if outcome is None:
             outcome = _reassemble(dialect, [body] if encoding else (chunk for _, chunk in exchange.response_chunks))
-        line["response"] = outcome.response
-        return outcome.response is None and bool(body.strip()), outcome.terminal, True
+        line["response"] = outcome.response if writable_json(outcome.response, body) else None
+        return line["response"] is None and bool(body.strip()), outcome.terminal, True
     if not body:
         return False, None, False
     parsed = _json_object(body)

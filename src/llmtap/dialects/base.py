@@ -27,6 +27,7 @@ __all__ = [
     "as_str",
     "parse_arguments",
     "parse_event_data",
+    "writable_json",
 ]
 
 # The normalized finish reasons every dialect maps its provider value onto.
@@ -149,8 +150,36 @@ def as_str(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+# orjson reads JSON nested up to 1,024 levels but writes at most 254, so a value parsed from a
+# hostile body may never be written back. Source text with fewer brackets than this cannot nest
+# that deep; the levels a record and the rows holding it add are kept free by `_WRITE_HEADROOM`.
+_SURELY_WRITABLE_BRACKETS = 200
+_WRITE_HEADROOM = 32
+
+
+def writable_json(value: Any, source: bytes | str) -> bool:
+    """True when `value`, parsed from `source`, can be written as JSON again, with room to spare for
+    the levels a record and the rows holding it add around it. Costs two counts of `source`, and a
+    trial write only when `source` holds many brackets."""
+    if isinstance(source, bytes):
+        brackets = source.count(b"[") + source.count(b"{")
+    else:
+        brackets = source.count("[") + source.count("{")
+    if brackets < _SURELY_WRITABLE_BRACKETS:
+        return True
+    wrapped = value
+    for _ in range(_WRITE_HEADROOM):
+        wrapped = [wrapped]
+    try:
+        orjson.dumps(wrapped)
+    except orjson.JSONEncodeError:
+        return False
+    return True
+
+
 def parse_arguments(value: Any) -> dict[str, Any]:
-    """Turn tool-call arguments into a dict: a dict as is, a JSON object string parsed, else `_raw`."""
+    """Turn tool-call arguments into a dict: a dict as is, a JSON object string parsed, else `_raw`
+    (also for arguments nested too deep to be written out again)."""
     if isinstance(value, dict):
         return value
     if isinstance(value, str):
@@ -160,7 +189,7 @@ def parse_arguments(value: Any) -> dict[str, Any]:
             parsed = orjson.loads(value)
         except orjson.JSONDecodeError:
             return {"_raw": value}
-        return parsed if isinstance(parsed, dict) else {"_raw": value}
+        return parsed if isinstance(parsed, dict) and writable_json(parsed, value) else {"_raw": value}
     if value is None:
         return {}
     return {"_raw": value}
