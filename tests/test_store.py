@@ -639,8 +639,8 @@ def test_rollouts_past_the_open_file_limit_are_closed_and_reopened(tmp_path: Pat
     from llmtap._rollout_files import RolloutFileCache, SyncDescriptors
 
     with CaptureStore(tmp_path) as store:
-        store._files = RolloutFileCache(lambda r: store._sibling(r, ".capture.lock"), limit=3)
-        store._sync_fds = SyncDescriptors(limit=3)
+        store._files = RolloutFileCache(store._dir_fd, lambda r: r + ".capture.lock", limit=3)
+        store._sync_fds = SyncDescriptors(store._dir_fd, limit=3)
         open_before = len(os.listdir("/proc/self/fd"))
         for round_index in range(3):
             for k in range(10):
