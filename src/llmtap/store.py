@@ -712,7 +712,7 @@ class CaptureStore:
         if not os.access(tombstone, os.F_OK, dir_fd=self._dir_fd, follow_symlinks=False):
             return None
         try:
-            fd = open_regular(tombstone, os.O_RDONLY, dir_fd=self._dir_fd)
+            fd = open_regular(tombstone, os.O_RDONLY, dir_fd=self._dir_fd, single_link=True)
         except FileNotFoundError:
             return None
         try:
@@ -765,7 +765,7 @@ class CaptureStore:
             fd = open_regular(name, os.O_RDONLY, dir_fd=self._dir_fd)
         except FileNotFoundError:
             return 0
-        except OSError:  # a link or FIFO at the marker's name: still a marked rollout
+        except (OSError, StoreError):  # a link or FIFO at the marker's name: still a marked rollout
             return 1
         try:
             value = orjson.loads(os.read(fd, _MARKER_READ_LIMIT)).get("failures")

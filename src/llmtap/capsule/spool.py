@@ -439,6 +439,10 @@ class SpoolCollector:
                 self._append(pending)
 
     def _open_new_files(self) -> None:
+        from .writer import is_real_directory
+
+        if not is_real_directory(self.directory):
+            return  # none yet, or a link the workload put there: never read through it
         try:
             names = sorted(name for name in os.listdir(self.directory) if name.endswith(SPOOL_SUFFIX))
         except OSError:
@@ -489,7 +493,8 @@ class SpoolCollector:
             if self._store is None:
                 from ..store import CaptureStore
 
-                self._store = CaptureStore(self.paths.calls, sync_process=False)  # no helper process here
+                # No helper process here; and calls/ must still be the capsule's own directory, not a link.
+                self._store = CaptureStore(self.paths.calls, sync_process=False, refuse_links=True)
             store = self._store
 
             async def append_all() -> list[Any]:
@@ -509,6 +514,7 @@ class SpoolCollector:
 
     def _close(self) -> None:
         from .health import write_process_health
+        from .writer import is_real_directory
 
         if self._store is not None:
             try:
@@ -522,6 +528,8 @@ class SpoolCollector:
                 if counts:
                     health = self.paths.process_health / f"spool-{spool.path.stem}.json"
                     write_process_health(health, counts, pid=spool.pid, argv0=spool.argv0)
+                if not is_real_directory(self.directory):  # swapped for a link since: touch nothing through it
+                    raise OSError(f"'{self.directory}' is no longer a directory of the capsule")
                 if spool.troubled or spool.buffer:
                     os.replace(spool.path, spool.path.with_name(spool.path.name + KEPT_SUFFIX))
                 else:

@@ -63,7 +63,7 @@ def status(capture_dir: Path) -> None:
     """Print where a capture directory is and what it holds: rollouts, calls, size, problems."""
     store = _open_store(capture_dir)
     rollouts = store.rollouts()
-    calls = errors = unreadable = size = 0
+    calls = errors = unreadable = torn = failures = size = 0
     incomplete: list[str] = []
     late = 0
     for rollout_id in rollouts:
@@ -71,13 +71,16 @@ def status(capture_dir: Path) -> None:
         calls += len(read.records)
         errors += sum(1 for record in read.records if record.error_category is not None)
         unreadable += len(read.unreadable_lines)
+        torn += int(read.torn_tail)  # a cut-off last line: damage, even if a write may still finish it
+        failures += read.capture_failures
         late += read.late_writes
         size += store.size_of(rollout_id)
         if read.incomplete:
             incomplete.append(rollout_id)
     click.echo(f"directory: {store.root}")
     click.echo(f"rollouts: {len(rollouts)}  calls: {calls}  errors: {errors}  size: {size:,} bytes")
-    click.echo(f"damaged lines: {unreadable}  late writes set aside: {late}")
+    click.echo(f"damaged lines: {unreadable + torn} (torn tails: {torn})  late writes set aside: {late}")
+    click.echo(f"capture failures: {failures}")
     click.echo(f"incomplete (a write failed): {', '.join(incomplete) if incomplete else 'none'}")
 
 

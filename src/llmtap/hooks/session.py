@@ -344,8 +344,15 @@ class CaptureSession:
         if self.spool is None:
             self.health.count("calls_captured")
             warm_up()
+            return
         # A spooling process builds no record and counts no call here: the recorder counts each
-        # call from its frame, and `failure`/`close` report the calls that leave none.
+        # call from its frame, and `failure`/`close` report the calls that leave none. It notes
+        # that a call started (one prebuilt frame, one writev), so a process killed mid-call
+        # leaves a started call with no frame, which finalisation reports as in flight.
+        try:
+            self.spool.write(_CALL_STARTED_FRAME)
+        except Exception:  # best effort, like every count
+            pass
 
     def _call_ended(self) -> None:
         with self._counts_lock:
@@ -545,6 +552,8 @@ def _build_frame(call: CapturedCall) -> list[bytes]:
 
 
 _PID = os.getpid()  # a system call each time otherwise; a forked child sets its own
+# What a spooling process writes when a call starts: built once, the same bytes for every call.
+_CALL_STARTED_FRAME = encode_frame(KIND_HEALTH, b'{"counts":{"calls_started":1}}')
 
 
 def _after_fork_in_child() -> None:
