@@ -45,7 +45,7 @@ def within(action: Callable[[], T], seconds: float = TIMEOUT) -> T:
     def target() -> None:
         try:
             outcome.append(("value", action()))
-        except BaseException as exc:  # handed to the test thread
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
             outcome.append(("error", exc))
 
     thread = threading.Thread(target=target, daemon=True)
@@ -195,9 +195,8 @@ def test_a_fifo_swapped_in_for_an_open_data_file_neither_blocks_nor_receives_lin
             os.rename(tmp_path / "r.capture.jsonl", tmp_path / "moved.jsonl")
             os.mkfifo(tmp_path / "r.capture.jsonl")
             await asyncio.wait_for(store.append_async("r", RECORD), TIMEOUT)
-        with CaptureStore(tmp_path) as fresh:  # a store opening the name now refuses the FIFO
-            with pytest.raises(StoreError):
-                await asyncio.wait_for(fresh.append_async("r", RECORD), TIMEOUT)
+        with CaptureStore(tmp_path) as fresh, pytest.raises(StoreError):  # opening the name now refuses the FIFO
+            await asyncio.wait_for(fresh.append_async("r", RECORD), TIMEOUT)
 
     within(lambda: asyncio.run(append_then_swap()))
     assert len((tmp_path / "moved.jsonl").read_bytes().splitlines()) == 2  # the file written all along
@@ -306,7 +305,7 @@ def test_finalising_removes_planted_entries_inside_calls_only(tmp_path: Path, ou
 
 
 def test_the_spool_collector_never_writes_records_through_a_calls_link(tmp_path: Path) -> None:
-    paths, manifest = _capsule(tmp_path)
+    paths, _ = _capsule(tmp_path)
     elsewhere = _outside_directory(tmp_path)
     before = _entries(elsewhere)
     os.rmdir(paths.calls)
@@ -367,7 +366,7 @@ def test_a_real_run_whose_workload_swaps_calls_for_a_link_writes_nothing_through
         REPLAY_REQUEST=json.dumps(fixture("chat/text-basic-gpt4o").request_json),
     )
     command = [sys.executable, "-m", "llmtap.cli.run", "--capsule-dir", str(tmp_path / "runs"), "--", sys.executable, str(script), str(elsewhere)]
-    finished = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    finished = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, check=False, timeout=120)
     assert finished.returncode == 0, finished.stderr
     assert _entries(elsewhere) == before
     (capsule,) = (tmp_path / "runs").iterdir()

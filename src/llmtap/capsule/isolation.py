@@ -28,24 +28,37 @@ _SHEBANG_LIMIT = 256
 
 
 def _is_python(program: str) -> bool:
+    """`python`, `python3`, `python3.12`, `pypy3` and the like, by the program's file name."""
     name = os.path.basename(program)
-    return name.startswith(("python", "pypy")) and all(part.isdigit() or part == "" for part in name[6:].replace("pypy", "").split("."))
+    for stem in ("python", "pypy"):
+        if name.startswith(stem):
+            rest = name[len(stem) :]
+            return not rest or all(part.isdigit() for part in rest.split("."))
+    return False
 
 
 def _blocking_flag(arguments: Sequence[str]) -> str | None:
     """The first interpreter option among `arguments` that keeps sitecustomize from loading."""
+    takes_value = False
     for argument in arguments:
+        if takes_value:  # the value of `-W` or `-X` given as its own argument
+            takes_value = False
+            continue
         if argument == "--" or not argument.startswith("-") or argument == "-":
             return None  # the script (or stdin): the options have ended
         if argument.startswith("--"):
-            continue  # long options (--version, --help) change nothing here
-        for index, letter in enumerate(argument[1:]):
+            if argument in ("--check-hash-based-pycs",):
+                takes_value = True
+            continue  # other long options (--version, --help) change nothing here
+        letters = argument[1:]
+        for index, letter in enumerate(letters):
             if letter in _FLAG_REASONS:
                 return letter
             if letter in "cm":
                 return None  # `-c code` and `-m module` end the options
             if letter in "WX":
-                break  # the rest of the argument (or the next one) is the option's value
+                takes_value = index == len(letters) - 1  # else the rest of this argument is the value
+                break
     return None
 
 

@@ -303,6 +303,7 @@ class _SpoolFile:
         self.pid: int | None = int(prefix) if prefix.isdigit() else None
         self.argv0: str | None = None
         self.troubled = False  # a frame did not become a record: the file is kept, not removed
+        self.calls = 0  # call frames read so far: the next one's number, which its record keeps
 
     def read(self, final: bool) -> tuple[ScanResult, bool]:
         """The frames written since the last read (a bounded amount), and whether all was read."""
@@ -349,6 +350,7 @@ class SpoolCollector:
         self._thread: threading.Thread | None = None
         self._finished = False
         self._store: Any = None
+        self._recorded: set[tuple[str, int]] | None = None  # (spool file, call number) already in calls/
 
     def start(self) -> SpoolCollector:
         """Collect live on a daemon thread until `finish`, which finalisation calls; never raises
@@ -408,6 +410,10 @@ class SpoolCollector:
         with self._lock:
             if not self._finished:
                 self._finished = True
+                if self._thread is None:
+                    # Nothing was collected live in this process: a recovery, or a finalisation
+                    # killed halfway, may find some of these frames' records in calls/ already.
+                    self._recorded = _recorded_calls(self.paths)
                 self._collect(final=True)
                 self._close()
         with _LIVE_LOCK:
@@ -463,10 +469,18 @@ class SpoolCollector:
     def _take(self, spool: _SpoolFile, frame: Frame, pending: Pending) -> None:
         if frame.kind == KIND_CALL:
             spool.health.count("calls_captured")
+            number, spool.calls = spool.calls, spool.calls + 1
+            if self._recorded and (spool.path.name, number) in self._recorded:
+                spool.health.count("records_written")  # by an earlier, interrupted finalisation
+                return
             try:
                 from ..hooks.writer import decode_call
 
                 exchange, dialect = decode_call(frame)
+                capture = exchange.extra.get("capture")
+                if not isinstance(capture, dict):
+                    capture = exchange.extra["capture"] = {}
+                capture["spool"] = {"file": spool.path.name, "call": number}  # what a later finalisation dedups by
                 pending.append((spool, exchange.rollout_id or "default", _build_line(exchange, dialect)))
             except Exception as exc:
                 spool.failure("record_build_failed", exc)
@@ -536,6 +550,24 @@ class SpoolCollector:
                     os.unlink(spool.path)  # every frame of it is a durable record now
             except Exception as exc:
                 _collector_failed(exc)
+
+
+def _recorded_calls(paths: CapsulePaths) -> set[tuple[str, int]]:
+    """The (spool file, call number) of every record already in the capsule's calls/; never raises."""
+    found: set[tuple[str, int]] = set()
+    try:
+        from ..store import CaptureStore
+
+        with CaptureStore(paths.calls, create=False, refuse_links=True) as store:
+            for rollout_id in store.rollouts():
+                for _, line in store.read(rollout_id).entries:
+                    capture = line.get("capture")
+                    origin = capture.get("spool") if isinstance(capture, dict) else None
+                    if isinstance(origin, dict) and isinstance(origin.get("file"), str) and isinstance(origin.get("call"), int):
+                        found.add((origin["file"], origin["call"]))
+    except Exception as exc:  # unreadable: every frame is appended again rather than none
+        _collector_failed(exc)
+    return found
 
 
 def _yield_the_cpu() -> None:

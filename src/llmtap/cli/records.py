@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..display import calls_table, format_value, metrics_line
-from ..errors import LlmtapError
+from ..errors import LlmtapError, UnsafeCaptureFileError
 from ..readers import aggregate_model_call_metrics, read_rollout_calls
 from ..store import CaptureStore
 
@@ -65,9 +65,16 @@ def status(capture_dir: Path) -> None:
     rollouts = store.rollouts()
     calls = errors = unreadable = torn = failures = size = 0
     incomplete: list[str] = []
+    refused: list[str] = []
     late = 0
     for rollout_id in rollouts:
-        read = _read(store, rollout_id)
+        try:
+            read = read_rollout_calls(store, rollout_id)
+        except UnsafeCaptureFileError:  # a link or FIFO planted at its file: reported, never followed
+            refused.append(rollout_id)
+            continue
+        except LlmtapError as exc:
+            raise click.ClickException(str(exc)) from None
         calls += len(read.records)
         errors += sum(1 for record in read.records if record.error_category is not None)
         unreadable += len(read.unreadable_lines)
@@ -82,6 +89,8 @@ def status(capture_dir: Path) -> None:
     click.echo(f"damaged lines: {unreadable + torn} (torn tails: {torn})  late writes set aside: {late}")
     click.echo(f"capture failures: {failures}")
     click.echo(f"incomplete (a write failed): {', '.join(incomplete) if incomplete else 'none'}")
+    if refused:
+        click.echo(f"refused (not a regular file, never read): {', '.join(refused)}")
 
 
 @records.command("path")
