@@ -374,3 +374,41 @@ def test_a_real_run_whose_workload_swaps_calls_for_a_link_writes_nothing_through
     assert {"path": "calls", "kind": "symlink"} in manifest["capture_tampered"]
     assert manifest["counts"]["model_calls"] == 1  # the call was spooled, then recorded into a real calls/
     assert not (capsule / "calls").is_symlink()
+
+
+WORKLOAD_SWAPPING_THE_CAPSULE = """
+import os, sys
+capsule = os.environ["LLMTAP_RUN_CAPSULE"]
+os.rename(capsule, capsule + "-moved")
+os.symlink(sys.argv[1], capsule)
+"""
+
+
+def test_a_real_run_whose_workload_swaps_the_capsule_itself_for_a_link_touches_nothing_there(tmp_path: Path) -> None:
+    elsewhere = _outside_directory(tmp_path)
+    for name in ("calls", "internal"):  # shaped like a capsule, so a followed link would find work to do
+        (elsewhere / name).mkdir()
+        os.mkfifo(elsewhere / name / "fifo")
+    before = {name: _entries(elsewhere / name) for name in ("", "calls", "internal")}
+    script = tmp_path / "workload.py"
+    script.write_text(WORKLOAD_SWAPPING_THE_CAPSULE)
+    command = [sys.executable, "-m", "llmtap.cli.run", "--capsule-dir", str(tmp_path / "runs"), "--", sys.executable, str(script), str(elsewhere)]
+    finished = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False, timeout=120)
+    assert finished.returncode != 0 and "was replaced" in finished.stderr
+    assert {name: _entries(elsewhere / name) for name in ("", "calls", "internal")} == before
+    (moved,) = (tmp_path / "runs").glob("*-moved")
+    assert json.loads((moved / "capsule.json").read_bytes())["status"] == "running"  # honest: never finalised
+
+
+def test_recover_refuses_a_link_in_place_of_a_capsule(tmp_path: Path) -> None:
+    from llmtap.capsule.manifest import CapsuleError
+    from llmtap.capsule.recover import recover_capsule
+
+    paths, _ = _capsule(tmp_path)
+    moved = paths.root.with_name(paths.root.name + "-moved")
+    paths.root.rename(moved)
+    paths.root.symlink_to(moved, target_is_directory=True)
+    with pytest.raises(CapsuleError, match="symbolic link"):
+        recover_capsule(paths.root)
+    with pytest.raises(CapsuleError, match="was replaced"):
+        finalise_capsule(paths, {}, CaptureOutcome("success", exit_code=0))

@@ -20,7 +20,7 @@ from ..errors import LlmtapError
 from .envlock import env_lock, parse_interpreter_lines
 from .health import sum_process_health
 from .manifest import iso_time
-from .writer import CapsulePaths, read_regular_file, write_file_atomic, write_json_atomic, write_json_last
+from .writer import CapsulePaths, directory_identity, read_regular_file, write_file_atomic, write_json_atomic, write_json_last
 
 __all__ = ["CaptureOutcome", "finalise_capsule"]
 
@@ -231,13 +231,26 @@ def finalise_capsule(
     environ: Mapping[str, str] | None = None,
     injected_paths: Iterable[str] = (),
     uncaptured: Iterable[Mapping[str, Any]] = (),
+    root_identity: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Complete the capsule and its manifest; returns the final manifest.
 
     `interpreter` describes the workload's Python (default: what its first process wrote to
     `internal/interpreter`, or none); `environ` is the environment it ran with; `uncaptured`
     lists processes known to run without the capture hooks (`python -I`, `-E`, `-S`).
+
+    Raises CapsuleError, touching nothing, when the capsule's root is no longer a real directory
+    (or, given `root_identity`, no longer the directory that was created): finalising through a
+    link would write and delete in some other directory.
     """
+    from .manifest import CapsuleError
+
+    identity = directory_identity(paths.root)
+    if identity is None or (root_identity is not None and identity != root_identity):
+        raise CapsuleError(
+            f"The capsule directory '{paths.root}' was replaced (by a link or another directory) while the run went on; "
+            "it was not finalised, so nothing outside it is touched: look for the original capsule directory."
+        )
     tampered = _remove_special_entries(paths)
     from .spool import drain_spool
 

@@ -73,7 +73,9 @@ def recover_capsule(capsule: Path) -> dict[str, Any]:
     """
     from .finalise import CaptureOutcome, finalise_capsule
 
-    paths = CapsulePaths(Path(os.path.realpath(capsule)))
+    if os.path.islink(capsule):  # the run's own directory, never what a link planted in its place names
+        raise CapsuleError(f"'{capsule}' is a symbolic link, not a run capsule; recover the capsule directory itself.")
+    paths = CapsulePaths(Path(os.path.abspath(capsule)))
     manifest = read_manifest(paths.root)
     if manifest.get("status") != "running":
         raise CapsuleError(

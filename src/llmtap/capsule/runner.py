@@ -31,7 +31,7 @@ import time
 
 from .isolation import uncaptured_python
 from .run_registry import registry_for_run, registry_source
-from .writer import create_capsule_directories, hold_runner_lock, write_new_file
+from .writer import create_capsule_directories, directory_identity, hold_runner_lock, write_new_file
 
 TYPE_CHECKING = False  # `typing` is not imported at run time (see above)
 if TYPE_CHECKING:
@@ -384,6 +384,7 @@ def run_captured(
     root = create_capsule_directories(runs_dir, with_outputs=True)
     # Held until finalisation: `llmtap runs list` and `runs recover` tell a dead recorder by it.
     runner_lock = hold_runner_lock(os.path.join(root, "internal", "runner.lock"))
+    root_identity = directory_identity(root)  # finalisation refuses a root swapped meanwhile
     write_new_file(os.path.join(root, "url_registry.json"), handoff)
     echo_stdout = sys.stdout.fileno() if echo else None
     echo_stderr = sys.stderr.fileno() if echo else None
@@ -421,7 +422,13 @@ def run_captured(
             outcome = _outcome(returncode, signals.received, launch_error)
             outcome.duration_ms = round((time.perf_counter() - started_mono) * 1000.0, 3)
             final = finalise_capsule(
-                paths, manifest, outcome, environ=env, injected_paths=injected, uncaptured=[uncaptured] if uncaptured else ()
+                paths,
+                manifest,
+                outcome,
+                environ=env,
+                injected_paths=injected,
+                uncaptured=[uncaptured] if uncaptured else (),
+                root_identity=root_identity,
             )
     finally:
         for fd in (keep_stdout, keep_stderr, runner_lock):

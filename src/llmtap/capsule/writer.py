@@ -35,6 +35,7 @@ __all__ = [
     "create_capsule",
     "create_capsule_directories",
     "default_runs_dir",
+    "directory_identity",
     "hold_runner_lock",
     "is_real_directory",
     "read_regular_file",
@@ -238,9 +239,13 @@ def sync_files(paths: Sequence[str | os.PathLike[str]]) -> None:
     try:
         for path in paths:
             try:
-                fds.append(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC))
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             except OSError:
                 continue
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                fds.append(fd)
+            else:  # swapped for a FIFO or device since it was written: nothing of ours to sync
+                os.close(fd)
         for fd in fds:
             _start_writeback(fd)
         for fd in fds:
@@ -271,6 +276,15 @@ def _sync_directory(directory: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def directory_identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """(device, inode) of `path` if it is a real directory (not a link to one), else None."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino) if stat.S_ISDIR(found.st_mode) else None
 
 
 def is_real_directory(path: str | os.PathLike[str]) -> bool:
