@@ -293,6 +293,7 @@ class CaptureStore:
         self._marker_failure_logged = False
         self._failures_lock = threading.Lock()
         self._failures: dict[str, int] = {}
+        self._marker_lock = threading.Lock()  # held across a marker's read, rewrite and sync
         self._reset_concurrency_state()
         _OPEN_STORES.add(self)
 
@@ -740,7 +741,7 @@ class CaptureStore:
             name = validate_rollout_id(rollout_id) + MARKER_SUFFIX
             if self._dir_fd < 0:
                 raise FileNotFoundError(2, "the capture directory does not exist", self._directory)
-            with self._failures_lock:  # one marker update at a time in this process
+            with self._marker_lock:  # one marker update at a time in this process
                 earlier = self._marker_failures(name)
                 content = orjson.dumps(
                     {"marked_at": time.time(), "reason": str(reason), "failures": earlier + max(1, failures)},
@@ -762,7 +763,7 @@ class CaptureStore:
     def _marker_failures(self, name: str) -> int:
         """The failures a marker counts: 0 when there is none, 1 for a marker without a count (or not ours)."""
         try:
-            fd = open_regular(name, os.O_RDONLY, dir_fd=self._dir_fd)
+            fd = open_regular(name, os.O_RDONLY, dir_fd=self._dir_fd, single_link=True)
         except FileNotFoundError:
             return 0
         except (OSError, StoreError):  # a link or FIFO at the marker's name: still a marked rollout
