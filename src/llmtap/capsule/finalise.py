@@ -41,6 +41,7 @@ _LOSS_EVENTS = (
     "hook_failed",
     "records_pending_at_close",
     "calls_open_at_close",
+    "calls_in_flight_at_exit",  # calls a killed process never finished (`spool`'s in-flight counts)
 )
 
 
@@ -183,11 +184,6 @@ def _health_document(
     processes = sum_process_health(paths.process_health)
     totals = processes["totals"]
     dropped = {event: totals[event] for event in _LOSS_EVENTS if totals.get(event)}
-    # Spooling processes note each call's start; a start with neither a frame nor a reported loss
-    # is a call its process was killed in the middle of.
-    in_flight = max(0, totals.get("calls_started", 0) - totals.get("calls_captured", 0))
-    if in_flight:
-        dropped["calls_in_flight_at_exit"] = in_flight
     in_store = sum(rollout["calls"] for rollout in calls.get("rollouts", {}).values())
     problems = bool(dropped or calls.get("unreadable_lines") or calls.get("incomplete") or tampered or uncaptured)
     return {
@@ -197,7 +193,7 @@ def _health_document(
         "ok": not problems,
         "records": {
             "captured_calls": totals.get("calls_captured", 0),
-            "in_flight_at_exit": in_flight,
+            "in_flight_at_exit": totals.get("calls_in_flight_at_exit", 0),
             "written": totals.get("records_written", 0),
             "in_store": in_store,
             "unreadable_lines": calls.get("unreadable_lines", 0),

@@ -23,6 +23,12 @@ Frame (little-endian):
     response bytes
     trailer  4 bytes   CRC-32 of meta, request and response
 
+Next to its spool file, a process keeps the number of its calls in flight in
+`<same name>.inflight` (8 bytes, little-endian), a file it maps into memory at its first call:
+updating it is a store into memory, no system call, and the page cache keeps the last value when
+the process is killed. Finalisation reports a non-zero count as calls in flight at exit
+(`calls_in_flight_at_exit`): calls a killed process never finished, which leave no frame.
+
 A frame cut short (a process killed in the middle of its write, a full disk) or damaged is
 skipped: the reader looks for the next header, counts the loss in capture health, and never
 raises. A frame still being written is left for the next pass, until the final one.
@@ -59,6 +65,8 @@ MAGIC = b"LTSP"
 FRAME_VERSION = 1
 KIND_CALL, KIND_HEALTH, KIND_PROCESS = 1, 2, 3
 SPOOL_SUFFIX = ".spool"
+IN_FLIGHT_SUFFIX = ".inflight"  # replaces SPOOL_SUFFIX: the process's count of calls in flight
+_IN_FLIGHT = struct.Struct("<q")
 KEPT_SUFFIX = ".kept"  # a drained spool file that had a problem, kept for inspection and never re-read
 _HEADER = struct.Struct("<4sBBHIQQ")
 _CRC = struct.Struct("<I")
@@ -127,6 +135,7 @@ class SpoolWriter:
         self.directory = os.fspath(directory)
         self._fd: int | None = None
         self._name = _spool_name()
+        self._in_flight: Any = None  # the mapped `.inflight` file, once a call has started
 
     @property
     def path(self) -> str:
@@ -137,6 +146,25 @@ class SpoolWriter:
         if fd is None:
             fd = self._open()
         os.writev(fd, parts)
+
+    def set_in_flight(self, count: int) -> None:
+        """Record how many calls this process has in flight; the caller serialises the calls. Raises OSError."""
+        mapped = self._in_flight
+        if mapped is None:
+            mapped = self._in_flight = self._map_in_flight()
+        _IN_FLIGHT.pack_into(mapped, 0, count)
+
+    def _map_in_flight(self) -> Any:
+        import mmap
+
+        os.makedirs(self.directory, exist_ok=True)
+        path = os.path.join(self.directory, self._name[: -len(SPOOL_SUFFIX)] + IN_FLIGHT_SUFFIX)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, _IN_FLIGHT.size)
+            return mmap.mmap(fd, _IN_FLIGHT.size)
+        finally:
+            os.close(fd)  # the mapping keeps the file
 
     def _open(self) -> int:
         # No lock: two threads racing here open the same name (O_APPEND keeps both whole), and
@@ -157,6 +185,7 @@ class SpoolWriter:
         """In a forked child: write to a file of its own from the next frame on."""
         fd, self._fd = self._fd, None
         self._name = _spool_name()
+        self._in_flight = None  # the parent's mapping, shared with it: the child maps a file of its own
         if fd is not None:
             try:
                 os.close(fd)  # the child's copy only; the parent keeps writing through its own
@@ -526,6 +555,27 @@ class SpoolCollector:
             else:
                 spool.health.count("records_written")
 
+    def _take_in_flight_counts(self) -> dict[str, int]:
+        """Non-zero in-flight counts by `.inflight` file name; every one read is removed."""
+        from .writer import is_real_directory
+
+        if not is_real_directory(self.directory):
+            return {}
+        try:
+            names = [name for name in os.listdir(self.directory) if name.endswith(IN_FLIGHT_SUFFIX)]
+        except OSError:
+            return {}
+        counts: dict[str, int] = {}
+        for name in names:
+            count = _read_in_flight(self.directory, name)
+            if count:
+                counts[name] = count
+            try:
+                os.unlink(self.directory / name)
+            except OSError:
+                pass
+        return counts
+
     def _close(self) -> None:
         from .health import write_process_health
         from .writer import is_real_directory
@@ -535,8 +585,21 @@ class SpoolCollector:
                 self._store.close()
             except Exception as exc:
                 _collector_failed(exc)
+        in_flight = self._take_in_flight_counts()
+        for name, count in in_flight.items():
+            spool_name = name[: -len(IN_FLIGHT_SUFFIX)] + SPOOL_SUFFIX
+            spool = self._files.get(spool_name)
+            if spool is None:  # killed before any frame: it still has a health file of its own
+                spool = self._files[spool_name] = _SpoolFile(self.directory / spool_name, -1)
+            spool.health.failure("calls_in_flight_at_exit", "spool", None)  # counted once, warned once
+            if count > 1:
+                spool.health.count("calls_in_flight_at_exit", count - 1)
         for spool in self._files.values():
             try:
+                if spool.fd < 0:  # no spool file, only an in-flight count
+                    counts = spool.health.snapshot()
+                    write_process_health(self.paths.process_health / f"spool-{spool.path.stem}.json", counts, pid=spool.pid)
+                    continue
                 os.close(spool.fd)
                 counts = spool.health.snapshot()
                 if counts:
@@ -550,6 +613,23 @@ class SpoolCollector:
                     os.unlink(spool.path)  # every frame of it is a durable record now
             except Exception as exc:
                 _collector_failed(exc)
+
+
+def _read_in_flight(directory: Path, name: str) -> int:
+    """The count in one `.inflight` file (0 for anything that is not one of ours)."""
+    try:
+        fd = os.open(directory / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return 0
+        data = os.read(fd, _IN_FLIGHT.size)
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    return max(0, _IN_FLIGHT.unpack(data)[0]) if len(data) == _IN_FLIGHT.size else 0
 
 
 def _recorded_calls(paths: CapsulePaths) -> set[tuple[str, int]]:
