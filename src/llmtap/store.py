@@ -882,15 +882,19 @@ class CaptureStore:
         )
 
     def _read_bytes(self, name: str) -> bytes | None:
-        """A file's bytes, None when it does not exist; never through a link or from a FIFO (StoreError)."""
+        """A file's bytes, None when it does not exist; StoreError (caused by UnsafeCaptureFileError)
+        for a link, FIFO or other non-regular file, which is never followed or read."""
         if self._dir_fd < 0:
             return None
         try:
             fd = open_regular(name, os.O_RDONLY, dir_fd=self._dir_fd)
         except FileNotFoundError:
             return None
-        except UnsafeCaptureFileError:
-            raise
+        except UnsafeCaptureFileError as exc:  # a StoreError like any unreadable file; the cause says why
+            raise StoreError(
+                f"Could not read '{self._sibling('', name)}': {exc.found} stands there, not a regular file; "
+                "it was not opened. Remove it and check who else writes to the capture directory."
+            ) from exc
         except OSError as exc:
             raise StoreError(f"Could not read '{self._sibling('', name)}' ({_describe(exc)}); check its permissions.") from exc
         try:

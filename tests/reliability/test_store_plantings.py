@@ -183,8 +183,9 @@ def test_reading_a_planted_data_file_is_refused_without_hanging(tmp_path: Path, 
         if kind == "hardlink":  # a second name is refused for append only; its content reads as damage
             assert within(lambda: store.read("r")).invalid_count == 1
         else:
-            with pytest.raises(UnsafeCaptureFileError):
+            with pytest.raises(StoreError) as raised:
                 within(lambda: store.read("r"))
+            assert isinstance(raised.value.__cause__, UnsafeCaptureFileError)
     assert_outside_untouched(outside)
 
 

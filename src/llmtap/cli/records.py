@@ -70,10 +70,10 @@ def status(capture_dir: Path) -> None:
     for rollout_id in rollouts:
         try:
             read = read_rollout_calls(store, rollout_id)
-        except UnsafeCaptureFileError:  # a link or FIFO planted at its file: reported, never followed
-            refused.append(rollout_id)
-            continue
         except LlmtapError as exc:
+            if isinstance(exc.__cause__, UnsafeCaptureFileError):  # a link or FIFO planted at its file: never followed
+                refused.append(rollout_id)
+                continue
             raise click.ClickException(str(exc)) from None
         calls += len(read.records)
         errors += sum(1 for record in read.records if record.error_category is not None)
