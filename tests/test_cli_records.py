@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from llmtap import __version__
 from llmtap.cli import main
+from llmtap.errors import StoreError
 from llmtap.exchange import Exchange
 from llmtap.records import raw_line_from_exchange
 from llmtap.store import CaptureStore
@@ -88,3 +90,33 @@ def test_records_status_says_where_and_what(tmp_path: Path) -> None:
     assert "rollouts: 2  calls: 2  errors: 1" in result.output
     assert f"size: {size + len(b'{broken' + bytes([10])):,} bytes" in result.output
     assert "damaged lines: 1" in result.output and "incomplete (a write failed): b" in result.output
+
+
+def test_records_status_counts_a_torn_tail_as_damage(tmp_path: Path) -> None:
+    with CaptureStore(tmp_path) as store:
+        _capture(store, "a", "chat/text-basic-gpt4o")
+    with (tmp_path / "a.capture.jsonl").open("ab") as handle:
+        handle.write(b'{"cut off mid-wri')  # a writer killed in the middle of its line
+    result = CliRunner().invoke(main, ["records", "status", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "calls: 1" in result.output
+    assert "damaged lines: 1 (torn tails: 1)" in result.output
+
+
+def test_records_status_shows_the_capture_failures_another_process_counted(tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "x.capture.lock")  # planted: every append to x fails, counted in its marker
+    with CaptureStore(tmp_path) as store:
+        _capture(store, "a", "chat/text-basic-gpt4o")
+        for _ in range(2):
+            with pytest.raises(StoreError):
+                _capture(store, "x", "chat/text-basic-gpt4o")
+    os.mkfifo(tmp_path / "y.capture.jsonl")  # and a rollout whose data file is a FIFO
+    with CaptureStore(tmp_path) as store, pytest.raises(StoreError):
+        _capture(store, "y", "chat/text-basic-gpt4o")
+    result = CliRunner().invoke(main, ["records", "status", str(tmp_path)])  # would hang on the FIFO if it opened it blocking
+    assert result.exit_code == 0, result.output
+    assert "capture failures: 2" in result.output  # x's, from its marker; y's file cannot be read at all
+    assert "incomplete (a write failed): x" in result.output
+    assert "refused (not a regular file, never read): y" in result.output

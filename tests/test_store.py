@@ -639,8 +639,8 @@ def test_rollouts_past_the_open_file_limit_are_closed_and_reopened(tmp_path: Pat
     from llmtap._rollout_files import RolloutFileCache, SyncDescriptors
 
     with CaptureStore(tmp_path) as store:
-        store._files = RolloutFileCache(lambda r: store._sibling(r, ".capture.lock"), limit=3)
-        store._sync_fds = SyncDescriptors(limit=3)
+        store._files = RolloutFileCache(store._dir_fd, lambda r: r + ".capture.lock", limit=3)
+        store._sync_fds = SyncDescriptors(store._dir_fd, limit=3)
         open_before = len(os.listdir("/proc/self/fd"))
         for round_index in range(3):
             for k in range(10):
@@ -845,3 +845,64 @@ def test_forked_child_never_inherits_a_held_rollout_lock(tmp_path: Path, holder:
     assert os.waitstatus_to_exitcode(status[1]) == 0
     expected = ["child"] if holder == "clear" else ["parent", "child"]
     assert [line["model_call_id"] for _, line in store.read("r").entries] == expected
+
+
+def test_check_writable_passes_on_a_writable_directory_and_leaves_nothing(tmp_path: Path) -> None:
+    with CaptureStore(tmp_path / "calls") as store:
+        store.check_writable()
+    assert list((tmp_path / "calls").iterdir()) == []
+
+
+def test_check_writable_refuses_a_missing_directory(tmp_path: Path) -> None:
+    from llmtap.errors import CaptureDirectoryError
+
+    store = CaptureStore(tmp_path / "missing", create=False)
+    with pytest.raises(CaptureDirectoryError, match="does not exist"):
+        store.check_writable()
+    with pytest.raises(CaptureDirectoryError):
+        store.append("r", make_record())
+    assert store.failure_counts() == {"directory_missing": 1}
+    assert store.rollouts() == [] and not store.read("r").exists
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
+def test_check_writable_refuses_a_read_only_directory(tmp_path: Path) -> None:
+    from llmtap.errors import CaptureDirectoryError
+
+    (tmp_path / "calls").mkdir(mode=0o500)
+    with CaptureStore(tmp_path / "calls", create=False) as store:
+        with pytest.raises(CaptureDirectoryError, match="make it writable"):
+            store.check_writable()
+
+
+def test_a_capture_directory_that_is_a_file_is_refused_at_construction(tmp_path: Path) -> None:
+    from llmtap.errors import CaptureDirectoryError
+
+    (tmp_path / "calls").write_bytes(b"")
+    with pytest.raises(CaptureDirectoryError):
+        CaptureStore(tmp_path / "calls")
+    with pytest.raises(CaptureDirectoryError):
+        CaptureStore(tmp_path / "calls", create=False)
+
+
+def _fail_one_append(root: str) -> None:
+    """In a separate process: one append that fails (its lock file is a FIFO)."""
+    with CaptureStore(root) as store:
+        try:
+            store.append("r", make_record())
+        except StoreError:
+            pass
+
+
+def test_the_incomplete_marker_adds_up_failures_across_processes(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "r.capture.lock")
+    context = multiprocessing.get_context("spawn")
+    for _ in range(3):
+        worker = context.Process(target=_fail_one_append, args=(str(tmp_path),))
+        worker.start()
+        worker.join(60)
+        assert worker.exitcode == 0
+    with CaptureStore(tmp_path, create=False) as store:
+        result = store.read("r")
+    assert result.incomplete and result.capture_failures == 3
+    assert orjson.loads((tmp_path / "r.capture.incomplete").read_bytes())["failures"] == 3

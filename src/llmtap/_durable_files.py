@@ -3,29 +3,87 @@
 The one place llmtap makes bytes and names survive a crash: the capture store's appends, markers
 and tombstones, and the whole-file rewrites of rollout files (`replace_atomically`). Names are
 looked up on `os` at call time, so tests that patch `os.fsync` or `os.fdatasync` reach them.
+
+Capture files live in a directory other programs can write to, so every open of one here goes
+through `open_regular`: relative to the directory's descriptor, never through a symbolic link
+(`O_NOFOLLOW`), never blocking on a FIFO (`O_NONBLOCK`), and only onto a regular file (`fstat`),
+with no second name when it is opened for append (a hard link could name a file elsewhere).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from io import BufferedWriter
 from pathlib import Path
 
+from llmtap.errors import UnsafeCaptureFileError
+
 __all__ = [
     "FILE_MODE",
+    "SAFE_FLAGS",
     "append_lines_durably",
     "open_for_append",
+    "open_regular",
     "replace_atomically",
+    "replace_file_synced",
     "sync_data",
     "sync_directory",
     "write_all",
-    "write_file_synced",
 ]
 
 FILE_MODE = 0o644
 _NOATIME = getattr(os, "O_NOATIME", 0)  # Linux only
+# O_NONBLOCK has no effect on a regular file, so it can stay set after the fstat check.
+SAFE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+OpenFile = Callable[[str, int, "int | None"], int]
+
+
+def _plain_open(name: str, flags: int, dir_fd: int | None) -> int:
+    return os.open(name, flags, FILE_MODE, dir_fd=dir_fd)
+
+
+def open_regular(
+    name: str, flags: int, *, dir_fd: int | None = None, single_link: bool = False, open_file: OpenFile = _plain_open
+) -> int:
+    """Open `name` (relative to `dir_fd`) only if it is a regular file; raise UnsafeCaptureFileError if not.
+
+    A symbolic link is never followed, a FIFO never blocks, and with `single_link` a file with
+    another name (a hard link, perhaps to a file outside the directory) is refused too. Other
+    errors (missing file, permissions, full disk) are raised as the OSError they are.
+    """
+    try:
+        fd = open_file(name, flags | SAFE_FLAGS, dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeCaptureFileError(name, "a symbolic link") from exc
+        if exc.errno == errno.ENXIO:  # O_WRONLY | O_NONBLOCK on a FIFO nobody reads
+            raise UnsafeCaptureFileError(name, "a FIFO") from exc
+        raise
+    try:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
+            raise UnsafeCaptureFileError(name, _kind(found.st_mode))
+        if single_link and found.st_nlink > 1:
+            raise UnsafeCaptureFileError(name, f"a file with {found.st_nlink} names (a hard link)")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device or other special file"
 
 
 def write_all(fd: int, payload: bytes) -> None:
@@ -46,8 +104,11 @@ def sync_data(fd: int) -> None:
         os.fsync(fd)
 
 
-def sync_directory(directory: str | os.PathLike[str]) -> None:
-    """Make names created, renamed or unlinked in `directory` durable."""
+def sync_directory(directory: str | os.PathLike[str] | int) -> None:
+    """Make names created, renamed or unlinked in `directory` (a path, or its open descriptor) durable."""
+    if isinstance(directory, int):
+        os.fsync(directory)
+        return
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
@@ -55,48 +116,58 @@ def sync_directory(directory: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def write_file_synced(path: str | os.PathLike[str], content: bytes) -> None:
-    """Create or truncate `path`, write `content` and fsync it; the caller syncs the directory."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+def replace_file_synced(name: str, content: bytes, *, dir_fd: int) -> None:
+    """Replace `name` in the directory `dir_fd` with `content`: a fresh synced temp file, then a rename.
+
+    Whatever stood at `name` (a planted link included) is replaced as a name, never written
+    through; the caller syncs the directory.
+    """
+    temporary = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | SAFE_FLAGS, FILE_MODE, dir_fd=dir_fd)
     try:
-        write_all(fd, content)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            write_all(fd, content)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(temporary, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
 
 
-def _open_file(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_CLOEXEC, FILE_MODE)
+def open_for_append(name: str, *, dir_fd: int | None = None, open_file: OpenFile = _plain_open) -> int:
+    """Open a regular file for append and for the torn-tail check (`open_regular`, one name only).
 
-
-def open_for_append(path: str, open_file: Callable[[str, int], int] = _open_file) -> int:
-    """Open for append and for the torn-tail check; O_NOATIME keeps that read from dirtying the inode.
-
-    `open_file(path, flags)` opens it (a registry of descriptors can pass its own).
+    O_NOATIME keeps that read from dirtying the inode. `open_file(name, flags, dir_fd)` opens it
+    (a registry of descriptors can pass its own).
     """
     flags = os.O_RDWR | os.O_APPEND | os.O_CREAT
     try:
-        return open_file(path, flags | _NOATIME)
+        return open_regular(name, flags | _NOATIME, dir_fd=dir_fd, single_link=True, open_file=open_file)
     except PermissionError:  # O_NOATIME needs the file's owner; others still get a correct append
         if not _NOATIME:
             raise
-        return open_file(path, flags)
+        return open_regular(name, flags, dir_fd=dir_fd, single_link=True, open_file=open_file)
 
 
-def append_lines_durably(path: str, directory: str, lines: list[bytes]) -> None:
-    """Append whole lines to `path` with one write and sync them; the caller holds the lock.
+def append_lines_durably(name: str, dir_fd: int, lines: list[bytes]) -> None:
+    """Append whole lines to `name` in the directory `dir_fd` with one write and sync them; the caller holds the lock.
 
     An unterminated last segment (a crashed writer's partial line) is ended with a newline first,
     so it becomes one damaged line and the new lines stay intact.
     """
-    fd = open_for_append(path)
+    fd = open_for_append(name, dir_fd=dir_fd)
     try:
         payload = b"".join(lines)
         size = os.fstat(fd).st_size
         if size == 0:
             # New, or left empty by a crash: make its name durable before any line lands, so a
             # non-empty file always has a durable directory entry.
-            sync_directory(directory)
+            sync_directory(dir_fd)
         elif os.pread(fd, 1, size - 1) != b"\n":
             payload = b"\n" + payload
         write_all(fd, payload)

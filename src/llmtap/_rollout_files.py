@@ -21,7 +21,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
-from llmtap._durable_files import FILE_MODE, open_for_append
+from llmtap._durable_files import FILE_MODE, open_for_append, open_regular
 from llmtap.errors import StoreError
 
 __all__ = ["DESCRIPTORS", "RolloutFileCache", "RolloutFiles", "SyncDescriptors"]
@@ -35,11 +35,15 @@ class ForkClosedDescriptors:
         self._guard = threading.Lock()  # held across fork(), so no descriptor is half-registered
         self._open: set[int] = set()
 
-    def open(self, path: str, flags: int) -> int:
+    def open(self, path: str, flags: int, dir_fd: int | None = None) -> int:
         with self._guard:
-            fd = os.open(path, flags | os.O_CLOEXEC, FILE_MODE)
+            fd = os.open(path, flags | os.O_CLOEXEC, FILE_MODE, dir_fd=dir_fd)
             self._open.add(fd)
         return fd
+
+    def open_regular(self, name: str, flags: int, dir_fd: int, *, single_link: bool = False) -> int:
+        """`open_regular` (never a link, FIFO or, with `single_link`, a second name), registered here."""
+        return open_regular(name, flags, dir_fd=dir_fd, single_link=single_link, open_file=self.open)
 
     def pipe(self) -> tuple[int, int]:
         """A pipe (read end, write end), both closed in a forked child."""
@@ -86,20 +90,21 @@ class RolloutFiles:
     links left means a clear() since, and the file and the fence are looked up again.
     """
 
-    __slots__ = ("cleared_at", "closed", "data_fd", "lock_fd", "mutex", "data_path")
+    __slots__ = ("cleared_at", "closed", "data_fd", "data_path", "dir_fd", "lock_fd", "mutex")
 
-    def __init__(self, lock_path: str) -> None:
+    def __init__(self, dir_fd: int, lock_name: str) -> None:
         self.mutex = threading.Lock()
         self.closed = False
-        self.lock_fd = DESCRIPTORS.open(lock_path, os.O_RDWR | os.O_CREAT)
+        self.dir_fd = dir_fd
+        self.lock_fd = DESCRIPTORS.open_regular(lock_name, os.O_RDWR | os.O_CREAT, dir_fd, single_link=True)
         self.data_fd: int | None = None
         self.cleared_at: float | None = None
         self.data_path: bytes | None = None  # the data file's path encoded once, for the sync helper
 
-    def open_data(self, path: str) -> int:
-        """Open (creating) the data file for append; the caller has checked the fence first."""
+    def open_data(self, name: str) -> int:
+        """Open (creating) the data file `name` for append; the caller has checked the fence first."""
         self.forget_data()
-        self.data_fd = open_for_append(path, DESCRIPTORS.open)
+        self.data_fd = open_for_append(name, dir_fd=self.dir_fd, open_file=DESCRIPTORS.open)
         return self.data_fd
 
     def forget_data(self) -> None:
@@ -124,8 +129,9 @@ def _cache_limit() -> int:
 class RolloutFileCache:
     """The open `RolloutFiles` of one store directory, least recently used closed first."""
 
-    def __init__(self, lock_path_for: Callable[[str], str], limit: int | None = None) -> None:
-        self._lock_path_for = lock_path_for
+    def __init__(self, dir_fd: int, lock_name_for: Callable[[str], str], limit: int | None = None) -> None:
+        self._dir_fd = dir_fd
+        self._lock_name_for = lock_name_for
         self._limit = limit if limit is not None else _cache_limit()
         self._guard = threading.Lock()
         self._files: OrderedDict[str, RolloutFiles] = OrderedDict()
@@ -152,7 +158,7 @@ class RolloutFileCache:
                 self._files.move_to_end(rollout_id)
                 return files
             self._refuse_if_closed(rollout_id)
-        files = RolloutFiles(self._lock_path_for(rollout_id))
+        files = RolloutFiles(self._dir_fd, self._lock_name_for(rollout_id))
         with self._guard:
             existing = self._files.get(rollout_id)
             if existing is not None or self._closed:  # another thread opened it first, or closing
@@ -196,7 +202,6 @@ class RolloutFileCache:
                 files.close()
 
 
-
 class SyncDescriptors:
     """The helper threads' own descriptors of data files, by inode, for syncing lines written elsewhere.
 
@@ -205,21 +210,23 @@ class SyncDescriptors:
     A file found under its path with another inode was unlinked by a clear() after the write.
     """
 
-    def __init__(self, limit: int | None = None) -> None:
+    def __init__(self, dir_fd: int, limit: int | None = None) -> None:
+        self._dir_fd = dir_fd
         self._limit = limit if limit is not None else _cache_limit()
         self._guard = threading.Lock()
         self._fds: OrderedDict[tuple[int, int], int] = OrderedDict()
 
-    def fd_for(self, path: str, inode: tuple[int, int]) -> int | None:
-        """A descriptor of `inode`, opened through `path` on first use; None if `path` names another file now."""
+    def fd_for(self, name: str, inode: tuple[int, int]) -> int | None:
+        """A descriptor of `inode`, opened through `name` in the store's directory on first use;
+        None if `name` names another file now (one that is not a regular file included)."""
         with self._guard:
             fd = self._fds.get(inode)
             if fd is not None:
                 self._fds.move_to_end(inode)
                 return fd
         try:
-            fd = DESCRIPTORS.open(path, os.O_WRONLY | os.O_APPEND)
-        except FileNotFoundError:
+            fd = DESCRIPTORS.open_regular(name, os.O_WRONLY | os.O_APPEND, self._dir_fd)
+        except (FileNotFoundError, StoreError):  # unlinked, or replaced by something that is not ours
             return None
         found = os.fstat(fd)
         if (found.st_dev, found.st_ino) != inode:

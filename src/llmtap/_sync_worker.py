@@ -29,8 +29,10 @@ may have been written after the running one started), and share it.
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
+import stat
 import struct
 import sys
 import threading
@@ -94,11 +96,16 @@ class _File:
         try:
             if self.fd is None:
                 try:
-                    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-                except FileNotFoundError:
+                    # Never through a link, never blocking on a FIFO planted at the name.
+                    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+                except (FileNotFoundError, IsADirectoryError):
                     return 0  # unlinked by a clear(): nothing of it is left to sync
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENXIO):
+                        return 0  # the name is a link or FIFO now: the file written was unlinked
+                    raise
                 found = os.fstat(fd)
-                if (found.st_dev, found.st_ino) != key:
+                if (found.st_dev, found.st_ino) != key or not stat.S_ISREG(found.st_mode):
                     os.close(fd)
                     return 0
                 self.fd = fd

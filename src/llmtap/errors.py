@@ -5,7 +5,9 @@
     ├── CollectError           a rollout collection cannot start or go on
     ├── InvalidRolloutIdError  a rollout id fails the one id pattern (also a ValueError)
     ├── StoreError             the capture store could not be read or written
-    │   └── CaptureRecordError a persisted line is damaged (also a ValueError); keeps path and line number
+    │   ├── CaptureRecordError a persisted line is damaged (also a ValueError); keeps path and line number
+    │   ├── UnsafeCaptureFileError  a capture file is a link, FIFO or other non-regular file: refused
+    │   └── CaptureDirectoryError   the capture directory is missing, not a directory, or not writable
     └── LocalModelError        the local model server could not start (llmtap.localmodel)
         └── MissingLocalModelError  its packages are not installed (also an ImportError)
 
@@ -18,12 +20,14 @@ from __future__ import annotations
 from pathlib import Path
 
 __all__ = [
+    "CaptureDirectoryError",
     "CaptureRecordError",
     "CollectError",
     "ConfigError",
     "InvalidRolloutIdError",
     "LlmtapError",
     "StoreError",
+    "UnsafeCaptureFileError",
 ]
 
 
@@ -72,3 +76,23 @@ class CaptureRecordError(StoreError, ValueError):
             f"{where} of '{path}' is not a valid capture record: {reason}. "
             "Read it with strict=False to skip damaged lines."
         )
+
+
+class UnsafeCaptureFileError(StoreError):
+    """Raised when a capture file is a symbolic link, FIFO, hard link or other non-regular file.
+
+    The store never writes or reads through such a file: another program planted it, and
+    following it could change or block on something outside the capture directory.
+    """
+
+    def __init__(self, name: str, found: str) -> None:
+        self.name = name
+        self.found = found
+        super().__init__(
+            f"Refused to open capture file '{name}': it is {found}, not a regular file; "
+            "remove it and check who else writes to the capture directory."
+        )
+
+
+class CaptureDirectoryError(StoreError):
+    """Raised when the capture directory is missing, is not a directory (or is a refused link), or cannot be written."""

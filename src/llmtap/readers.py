@@ -26,6 +26,7 @@ class RolloutCalls:
     incomplete: bool
     late_writes: int
     torn_tail: bool
+    capture_failures: int = 0  # failed appends counted in the rollout's incomplete marker
 
 
 def read_rollout_calls(store: CaptureStore, rollout_id: str, *, strict: bool = False) -> RolloutCalls:
@@ -52,6 +53,7 @@ def read_rollout_calls(store: CaptureStore, rollout_id: str, *, strict: bool = F
         incomplete=result.incomplete,
         late_writes=result.late_writes,
         torn_tail=result.torn_tail,
+        capture_failures=result.capture_failures,
     )
 
 

@@ -20,6 +20,14 @@ while the disk is fast: a hand-off would only add two wake-ups. The batching and
 threads live in `_group_commit`, the descriptors kept open per rollout in `_rollout_files`, the
 write and sync steps in `_durable_files`; this module decides which file each line goes to.
 
+The root is resolved once, at construction, and opened: every file is opened relative to that
+directory's descriptor, so a directory swapped in later under the same name never receives a
+line. Nothing is followed there: a capture file that is a symbolic link, FIFO, hard link or
+other special file is refused (`_durable_files.open_regular`), and the append fails as a counted,
+logged capture failure that marks the rollout incomplete; the marker itself replaces whatever
+stood at its name, by rename. The marker keeps the number of failures, so `llmtap records
+status` in another process can report them (`ReadResult.capture_failures`).
+
 Reads take no lock: lines land whole, by one `write()`. An unterminated last segment (a write in
 progress, or a crashed writer) is reported as `torn_tail` and not counted; the next committer ends
 it with a newline first, so it becomes one damaged line and the new record stays intact. Blank
@@ -35,6 +43,7 @@ import functools
 import logging
 import os
 import re
+import stat
 import threading
 import time
 import weakref
@@ -46,11 +55,25 @@ from typing import Any
 
 import orjson
 
-from llmtap._durable_files import append_lines_durably, sync_data, sync_directory, write_all, write_file_synced
+from llmtap._durable_files import (
+    SAFE_FLAGS,
+    append_lines_durably,
+    open_regular,
+    replace_file_synced,
+    sync_data,
+    sync_directory,
+    write_all,
+)
 from llmtap._group_commit import BatchedSyncs, CommitThreads, GroupCommitter, PendingAppend, settle
 from llmtap._rollout_files import DESCRIPTORS, RolloutFileCache, RolloutFiles, SyncDescriptors
 from llmtap._sync_offload import SyncOffload
-from llmtap.errors import CaptureRecordError, InvalidRolloutIdError, StoreError
+from llmtap.errors import (
+    CaptureDirectoryError,
+    CaptureRecordError,
+    InvalidRolloutIdError,
+    StoreError,
+    UnsafeCaptureFileError,
+)
 
 __all__ = ["AppendResult", "CaptureStore", "ROLLOUT_ID_PATTERN", "ReadResult", "validate_rollout_id"]
 
@@ -66,6 +89,7 @@ LOCK_SUFFIX = ".capture.lock"
 TOMBSTONE_SUFFIX = ".capture.cleared"
 LATE_SUFFIX = ".capture.late.jsonl"
 
+_MARKER_READ_LIMIT = 65536  # a marker is a few dozen bytes; a bigger one is not ours
 _TURN_WAIT_SECONDS = 30.0  # how long close() waits for another thread's loop to write what it accepted
 
 _JSON_TYPE_NAMES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
@@ -129,6 +153,7 @@ class ReadResult:
     torn_tail: bool
     incomplete: bool
     late_writes: int
+    capture_failures: int = 0  # failed appends the incomplete marker counts (at least 1 when marked)
 
     @property
     def invalid_count(self) -> int:
@@ -233,8 +258,23 @@ class CaptureStore:
             calls = store.read("4-2").entries
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, create: bool = True, sync_process: bool = True) -> None:
-        self.root = Path(os.fspath(root)).expanduser().resolve()
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        sync_process: bool = True,
+        refuse_links: bool = False,
+    ) -> None:
+        """Open the store at `root`, resolved once (the operator's own links are followed then).
+
+        `refuse_links=True` is for a directory another program could have replaced (a run
+        capsule's `calls/`): no component of `root` may be a symbolic link. Raises
+        CaptureDirectoryError when `root` cannot be created or is not a directory (or is a
+        refused link); with `create=False` a missing `root` reads as empty and refuses appends.
+        """
+        given = Path(os.fspath(root)).expanduser()
+        self.root = Path(os.path.abspath(given)) if refuse_links else given.resolve()
         # Awaited appends have their fdatasyncs done by a helper process (see `_sync_offload`);
         # False keeps them on this process's helper threads.
         self._sync_process = sync_process
@@ -243,13 +283,70 @@ class CaptureStore:
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise StoreError(
+                raise CaptureDirectoryError(
                     f"Could not create the capture directory '{self.root}' ({_describe(exc)}); "
                     "choose a writable path."
                 ) from exc
+        self._dir_fd = self._open_directory(refuse_links)
+        if self._dir_fd >= 0:
+            weakref.finalize(self, os.close, self._dir_fd)
         self._marker_failure_logged = False
+        self._failures_lock = threading.Lock()
+        self._failures: dict[str, int] = {}
+        self._marker_lock = threading.Lock()  # held across a marker's read, rewrite and sync
         self._reset_concurrency_state()
         _OPEN_STORES.add(self)
+
+    def _open_directory(self, refuse_links: bool) -> int:
+        """The root's descriptor, which every file is opened relative to; -1 when it does not exist."""
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (os.O_NOFOLLOW if refuse_links else 0)
+        try:
+            fd = os.open(self._directory, flags)
+        except FileNotFoundError:
+            return -1
+        except OSError as exc:
+            found = "a symbolic link" if os.path.islink(self._directory) else _describe(exc)
+            raise CaptureDirectoryError(
+                f"Could not open the capture directory '{self.root}' ({found}); "
+                "pass a real directory the store may write to."
+            ) from exc
+        if refuse_links and os.path.realpath(self._directory) != self._directory:
+            os.close(fd)
+            raise CaptureDirectoryError(
+                f"Refused the capture directory '{self.root}': a directory on its path is a symbolic link, "
+                "which another program may have put there; capture into a directory with no links on its path."
+            )
+        return fd
+
+    def check_writable(self) -> None:
+        """Raise CaptureDirectoryError unless a file can be created, written and synced in the root.
+
+        What a server calls at start, so an unwritable capture directory is refused up front
+        rather than found at the first call. Leaves nothing behind.
+        """
+        if self._dir_fd < 0:
+            raise CaptureDirectoryError(
+                f"The capture directory '{self.root}' does not exist; create it or let the store create it."
+            )
+        probe = f".llmtap-write-check.{os.getpid()}.{os.urandom(4).hex()}"
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | SAFE_FLAGS, 0o600, dir_fd=self._dir_fd)
+            try:
+                write_all(fd, b"\n")
+                sync_data(fd)
+            finally:
+                os.close(fd)
+                os.unlink(probe, dir_fd=self._dir_fd)
+        except OSError as exc:
+            raise CaptureDirectoryError(
+                f"Could not write to the capture directory '{self.root}' ({_describe(exc)}); "
+                "make it writable by this user or choose another directory."
+            ) from exc
+
+    def failure_counts(self) -> dict[str, int]:
+        """Failed appends of this store so far, by kind (`unsafe_file`, `write_failed`, ...)."""
+        with self._failures_lock:
+            return dict(self._failures)
 
     def _reset_concurrency_state(self) -> None:
         """Start with no queues, threads or open files (at construction, and in a forked child,
@@ -258,8 +355,8 @@ class CaptureStore:
         if previous is not None:  # a forked child: the parent's sync helper is not ours
             previous.forget_after_fork()
         self._threads = CommitThreads()
-        self._files = RolloutFileCache(lambda rollout_id: self._sibling(rollout_id, LOCK_SUFFIX))
-        self._sync_fds = SyncDescriptors()
+        self._files = RolloutFileCache(self._dir_fd, lambda rollout_id: rollout_id + LOCK_SUFFIX)
+        self._sync_fds = SyncDescriptors(self._dir_fd)
         self._committer = GroupCommitter(self._commit, self._threads)
         self._syncs: BatchedSyncs[_SyncJob] = BatchedSyncs(self._sync_batch, self._threads)
         self._offload: SyncOffload[_SyncJob] = SyncOffload(self._offloaded, enabled=self._sync_process)
@@ -297,6 +394,8 @@ class CaptureStore:
         in the file, so the marker, not the file, says the capture is incomplete.
         """
         rollout_id = validate_rollout_id(rollout_id)
+        if self._dir_fd < 0:
+            self._refuse_missing_directory(rollout_id)
         entry = PendingAppend(self._encode(rollout_id, record), _started_at(record), None)
         self._enqueue(rollout_id, entry)
         return entry.wait()
@@ -319,6 +418,8 @@ class CaptureStore:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[AppendResult] = loop.create_future()
         rollout_id = validate_rollout_id(rollout_id)
+        if self._dir_fd < 0:
+            self._refuse_missing_directory(rollout_id)
         entry = PendingAppend(self._encode(rollout_id, record), _started_at(record), future)
         with self._turn_lines_lock:
             if self._closing:
@@ -359,6 +460,13 @@ class CaptureStore:
         raise StoreError(
             f"Could not append to rollout {rollout_id!r}: {self!r} is closed; "
             "open a new CaptureStore for further appends."
+        )
+
+    def _refuse_missing_directory(self, rollout_id: str) -> None:
+        self._count_failure("directory_missing", rollout_id, None)
+        raise CaptureDirectoryError(
+            f"Could not append to rollout {rollout_id!r}: the capture directory '{self.root}' did not exist "
+            "when the store was opened; open the store with create=True."
         )
 
     def _encode(self, rollout_id: str, record: Mapping[str, Any]) -> bytes:
@@ -459,7 +567,7 @@ class CaptureStore:
         try:
             if any(job.new_file for job in jobs):
                 try:
-                    sync_directory(self._directory)
+                    sync_directory(self._dir_fd)
                 except OSError as exc:
                     directory_error = exc
             for job in jobs:
@@ -481,7 +589,7 @@ class CaptureStore:
     def _sync_inode(self, rollout_id: str, inode: tuple[int, int]) -> OSError | None:
         """fdatasync one data file, or the error; a file a clear() has unlinked since needs none."""
         try:
-            fd = self._sync_fds.fd_for(self._sibling(rollout_id, DATA_SUFFIX), inode)
+            fd = self._sync_fds.fd_for(rollout_id + DATA_SUFFIX, inode)
             if fd is not None:
                 sync_data(fd)
         except OSError as exc:
@@ -512,12 +620,12 @@ class CaptureStore:
         if current:
             fd, _, new_file = self._write_lines(rollout_id, files, data, [entry.line for entry in current])
             if new_file:
-                sync_directory(self._directory)
+                sync_directory(self._dir_fd)
             sync_data(fd)
             settle(current, [_append_result(self._sibling(rollout_id, DATA_SUFFIX), False)] * len(current))
         if late:
             path = self._sibling(rollout_id, LATE_SUFFIX)
-            append_lines_durably(path, self._directory, [entry.line for entry in late])
+            append_lines_durably(rollout_id + LATE_SUFFIX, self._dir_fd, [entry.line for entry in late])
             settle(late, [_append_result(path, True)] * len(late))
 
     def _current_data(self, rollout_id: str, files: RolloutFiles) -> tuple[float | None, os.stat_result | None]:
@@ -544,7 +652,7 @@ class CaptureStore:
         rollout's mutex and flock, and syncs.
         """
         if data is None or files.data_fd is None:
-            fd = files.open_data(self._sibling(rollout_id, DATA_SUFFIX))
+            fd = files.open_data(rollout_id + DATA_SUFFIX)
             data = os.fstat(fd)
         else:
             fd = files.data_fd
@@ -562,7 +670,7 @@ class CaptureStore:
 
         Used by clear(): a second open file, so its flock also excludes this process's writers.
         """
-        fd = DESCRIPTORS.open(self._sibling(rollout_id, LOCK_SUFFIX), os.O_RDWR | os.O_CREAT)
+        fd = DESCRIPTORS.open_regular(rollout_id + LOCK_SUFFIX, os.O_RDWR | os.O_CREAT, self._dir_fd, single_link=True)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
         except BaseException:
@@ -571,23 +679,41 @@ class CaptureStore:
         return fd
 
     def _fail(self, rollout_id: str, entries: list[PendingAppend], exc: BaseException) -> None:
-        self.mark_incomplete(rollout_id, f"an append failed: {_describe(exc)}")
+        unsafe = isinstance(exc, UnsafeCaptureFileError)
+        self._count_failure("unsafe_file" if unsafe else "write_failed", rollout_id, exc)
+        self.mark_incomplete(rollout_id, f"an append failed: {_describe(exc)}", failures=max(1, len(entries)))
         path = self._sibling(rollout_id, DATA_SUFFIX)
+        advice = "remove what was planted there" if unsafe else "check free space and permissions"
         message = (
             f"Could not append a record to '{path}' ({_describe(exc)}); the rollout is marked "
-            f"incomplete: check free space and permissions under '{self.root}'."
+            f"incomplete: {advice} under '{self.root}'."
         )
         errors = [StoreError(message) for _ in entries]  # one each: a shared one would mix tracebacks
         for error in errors:
             error.__cause__ = exc
         settle(entries, errors)
 
+    def _count_failure(self, kind: str, rollout_id: str, exc: BaseException | None) -> None:
+        """Count a failed append by kind; the first of each kind in this store is logged."""
+        with self._failures_lock:
+            first = kind not in self._failures
+            self._failures[kind] = self._failures.get(kind, 0) + 1
+        if first:
+            logger.error(
+                "Capture failure (%s) for rollout %r under '%s': %s; later ones of this kind are counted, not logged.",
+                kind,
+                rollout_id,
+                self.root,
+                _describe(exc) if exc is not None else "no directory",
+            )
+
     def _cleared_at(self, rollout_id: str) -> float | None:
-        tombstone = self._sibling(rollout_id, TOMBSTONE_SUFFIX)
-        if not os.access(tombstone, os.F_OK):  # the usual case, and cheaper than a failed open()
+        tombstone = rollout_id + TOMBSTONE_SUFFIX
+        # The usual case, and cheaper than a failed open(); a planted link counts as present and is refused below.
+        if not os.access(tombstone, os.F_OK, dir_fd=self._dir_fd, follow_symlinks=False):
             return None
         try:
-            fd = os.open(tombstone, os.O_RDONLY | os.O_CLOEXEC)
+            fd = open_regular(tombstone, os.O_RDONLY, dir_fd=self._dir_fd, single_link=True)
         except FileNotFoundError:
             return None
         try:
@@ -602,17 +728,27 @@ class CaptureStore:
             pass
         return mtime  # an unreadable tombstone still fences, at its file time
 
-    def mark_incomplete(self, rollout_id: str, reason: str) -> None:
+    def mark_incomplete(self, rollout_id: str, reason: str, *, failures: int = 1) -> None:
         """Create or refresh the rollout's `.capture.incomplete` marker, durably; never raises.
 
-        `reason` is stored in the marker: pass a short cause, never prompt text. A failure to
-        write the marker is logged once per store.
+        `reason` is stored in the marker: pass a short cause, never prompt text. The marker also
+        counts `failures`, added to those it already counts (two processes marking at the same
+        moment may count one fewer: the count is a lower bound). It is replaced by rename, so a
+        link planted at its name is replaced, never followed. A failure to write the marker is
+        logged once per store.
         """
         try:
-            marker = self.marker_path_for(rollout_id)
-            content = orjson.dumps({"marked_at": time.time(), "reason": str(reason)}, option=orjson.OPT_APPEND_NEWLINE)
-            write_file_synced(marker, content)
-            sync_directory(self._directory)
+            name = validate_rollout_id(rollout_id) + MARKER_SUFFIX
+            if self._dir_fd < 0:
+                raise FileNotFoundError(2, "the capture directory does not exist", self._directory)
+            with self._marker_lock:  # one marker update at a time in this process
+                earlier = self._marker_failures(name)
+                content = orjson.dumps(
+                    {"marked_at": time.time(), "reason": str(reason), "failures": earlier + max(1, failures)},
+                    option=orjson.OPT_APPEND_NEWLINE,
+                )
+                replace_file_synced(name, content, dir_fd=self._dir_fd)
+            sync_directory(self._dir_fd)
         except Exception as exc:
             if not self._marker_failure_logged:
                 self._marker_failure_logged = True
@@ -623,6 +759,22 @@ class CaptureStore:
                     self.root,
                     _describe(exc),
                 )
+
+    def _marker_failures(self, name: str) -> int:
+        """The failures a marker counts: 0 when there is none, 1 for a marker without a count (or not ours)."""
+        try:
+            fd = open_regular(name, os.O_RDONLY, dir_fd=self._dir_fd, single_link=True)
+        except FileNotFoundError:
+            return 0
+        except (OSError, StoreError):  # a link or FIFO at the marker's name: still a marked rollout
+            return 1
+        try:
+            value = orjson.loads(os.read(fd, _MARKER_READ_LIMIT)).get("failures")
+        except (OSError, orjson.JSONDecodeError, AttributeError):
+            return 1
+        finally:
+            os.close(fd)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
 
     def clear(self, rollout_id: str) -> None:
         """Delete the rollout's capture and fence out writers whose calls started before now.
@@ -643,11 +795,11 @@ class CaptureStore:
             try:
                 for suffix in (DATA_SUFFIX, MARKER_SUFFIX, LATE_SUFFIX):
                     try:
-                        os.unlink(self._sibling(rollout_id, suffix))
+                        os.unlink(rollout_id + suffix, dir_fd=self._dir_fd)  # a planted link goes, not its target
                     except FileNotFoundError:
                         pass
                 self._write_tombstone(rollout_id, time.time())
-                sync_directory(self._directory)
+                sync_directory(self._dir_fd)
             finally:
                 DESCRIPTORS.close(lock_fd)
         except OSError as exc:
@@ -658,14 +810,15 @@ class CaptureStore:
 
     def _write_tombstone(self, rollout_id: str, cleared_at: float) -> None:
         """Write the tombstone through a synced temp file and a rename; the caller syncs the directory."""
-        tombstone = self._sibling(rollout_id, TOMBSTONE_SUFFIX)
-        write_file_synced(tombstone + ".tmp", orjson.dumps({"cleared_at": cleared_at}, option=orjson.OPT_APPEND_NEWLINE))
-        os.replace(tombstone + ".tmp", tombstone)
+        content = orjson.dumps({"cleared_at": cleared_at}, option=orjson.OPT_APPEND_NEWLINE)
+        replace_file_synced(rollout_id + TOMBSTONE_SUFFIX, content, dir_fd=self._dir_fd)
 
     def rollouts(self) -> list[str]:
         """Return the sorted ids that have a data file or an incomplete marker."""
+        if self._dir_fd < 0:
+            return []
         try:
-            names = os.listdir(self.root)
+            names = os.listdir(self._dir_fd)
         except FileNotFoundError:
             return []
         except OSError as exc:
@@ -682,14 +835,18 @@ class CaptureStore:
 
     def size_of(self, rollout_id: str) -> int:
         """Return the size in bytes of a rollout's capture file (0 when it has none)."""
+        name = validate_rollout_id(rollout_id) + DATA_SUFFIX
+        if self._dir_fd < 0:
+            return 0
         try:
-            return os.stat(self.path_for(rollout_id)).st_size
+            found = os.stat(name, dir_fd=self._dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             return 0
         except OSError as exc:
             raise StoreError(
                 f"Could not stat '{self.path_for(rollout_id)}' ({_describe(exc)}); check its permissions."
             ) from exc
+        return found.st_size if stat.S_ISREG(found.st_mode) else 0
 
     def read(self, rollout_id: str, *, strict: bool = False) -> ReadResult:
         """Read a rollout's capture without locking; damaged lines are skipped and counted.
@@ -700,7 +857,7 @@ class CaptureStore:
         """
         rollout_id = validate_rollout_id(rollout_id)
         path = self.root / f"{rollout_id}{DATA_SUFFIX}"
-        data = self._read_bytes(path)
+        data = self._read_bytes(rollout_id + DATA_SUFFIX)
         entries: list[tuple[int, dict[str, Any]]] = []
         invalid_lines: list[int] = []
         for line_number, call_index, record, problem in _scan_lines(data or b""):
@@ -710,25 +867,43 @@ class CaptureStore:
                 raise CaptureRecordError(path, line_number, problem)
             else:
                 invalid_lines.append(call_index)
-        late = self._read_bytes(self._sibling(rollout_id, LATE_SUFFIX))
+        late = self._read_bytes(rollout_id + LATE_SUFFIX)
+        marker = rollout_id + MARKER_SUFFIX
+        marked = self._dir_fd >= 0 and os.access(marker, os.F_OK, dir_fd=self._dir_fd, follow_symlinks=False)
         return ReadResult(
             rollout_id=rollout_id,
             exists=data is not None,
             entries=entries,
             invalid_lines=invalid_lines,
             torn_tail=data is not None and data[-1:] not in (b"", b"\n"),
-            incomplete=self._read_bytes(self._sibling(rollout_id, MARKER_SUFFIX)) is not None,
+            incomplete=marked,
             late_writes=sum(1 for _ in _scan_lines(late or b"")),
+            capture_failures=self._marker_failures(marker) if marked else 0,
         )
 
-    def _read_bytes(self, path: str | Path) -> bytes | None:
+    def _read_bytes(self, name: str) -> bytes | None:
+        """A file's bytes, None when it does not exist; StoreError (caused by UnsafeCaptureFileError)
+        for a link, FIFO or other non-regular file, which is never followed or read."""
+        if self._dir_fd < 0:
+            return None
         try:
-            with open(path, "rb") as handle:
-                return handle.read()
+            fd = open_regular(name, os.O_RDONLY, dir_fd=self._dir_fd)
         except FileNotFoundError:
             return None
+        except UnsafeCaptureFileError as exc:  # a StoreError like any unreadable file; the cause says why
+            raise StoreError(
+                f"Could not read '{self._sibling('', name)}': {exc.found} stands there, not a regular file; "
+                "it was not opened. Remove it and check who else writes to the capture directory."
+            ) from exc
         except OSError as exc:
-            raise StoreError(f"Could not read '{path}' ({_describe(exc)}); check its permissions.") from exc
+            raise StoreError(f"Could not read '{self._sibling('', name)}' ({_describe(exc)}); check its permissions.") from exc
+        try:
+            with open(fd, "rb", closefd=False) as handle:
+                return handle.read()
+        except OSError as exc:
+            raise StoreError(f"Could not read '{self._sibling('', name)}' ({_describe(exc)}); check its permissions.") from exc
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         """Wait for in-flight commits and syncs, stop the helper threads and close the rollouts'

@@ -446,3 +446,53 @@ def test_a_spool_bigger_than_what_the_collector_holds_at_once_is_drained_whole_i
 
     assert _sequences(paths) == list(range(12))
     assert json.loads(paths.capture_health.read_text())["ok"] is True
+
+
+# A process under `llmtap run` that opens calls and is killed with them in flight.
+_KILLED_WITH_CALLS_OPEN = """
+import os, signal, sys
+from llmtap.capsule.spool import SpoolWriter
+writer = SpoolWriter(sys.argv[1])
+writer.set_in_flight(1)
+writer.set_in_flight(2)
+writer.set_in_flight(1)
+writer.set_in_flight(2)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_calls_in_flight_when_a_process_is_killed_are_counted_at_finalisation(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    paths = create_capsule(tmp_path / "runs")
+    manifest = start_manifest(paths, capture_mode="run", command=["x"], cwd=str(tmp_path), started_at=0.0, registry_source=None)
+    _spool_calls(paths, 1)  # a process that finished its one call ...
+    spool = spool_directory(paths.root)
+    finished = subprocess.run([sys.executable, "-c", _KILLED_WITH_CALLS_OPEN, str(spool)], check=False, timeout=60)
+    assert finished.returncode == -9  # ... and one killed with two calls open, before any frame
+    (in_flight,) = spool.glob("*.inflight")
+    assert in_flight.read_bytes() == (2).to_bytes(8, "little")
+    final = finalise_capsule(paths, manifest, CaptureOutcome("success", exit_code=0))
+    health = json.loads(paths.capture_health.read_bytes())
+    assert health["records"]["in_flight_at_exit"] == 2 and health["dropped"] == {"calls_in_flight_at_exit": 2}
+    assert health["ok"] is False and final["counts"]["records_dropped"] == 2
+    assert list(spool.iterdir()) == []  # the counts are in capture health now
+
+
+def test_a_process_that_ends_its_calls_leaves_nothing_in_flight(tmp_path: Path) -> None:
+    writer = SpoolWriter(tmp_path)
+    writer.set_in_flight(1)
+    writer.set_in_flight(0)
+    (in_flight,) = tmp_path.glob("*.inflight")
+    assert in_flight.read_bytes() == bytes(8)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            writer.after_fork()
+            writer.set_in_flight(5)  # the child's own file, never the parent's mapping
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert in_flight.read_bytes() == bytes(8)
+    assert sorted(int.from_bytes(path.read_bytes(), "little") for path in tmp_path.glob("*.inflight")) == [0, 5]

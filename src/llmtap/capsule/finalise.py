@@ -16,10 +16,11 @@ import stat
 import time
 from typing import Any, Iterable, Mapping
 
+from ..errors import LlmtapError
 from .envlock import env_lock, parse_interpreter_lines
 from .health import sum_process_health
 from .manifest import iso_time
-from .writer import CapsulePaths, read_regular_file, write_file_atomic, write_json_atomic, write_json_last
+from .writer import CapsulePaths, directory_identity, read_regular_file, write_file_atomic, write_json_atomic, write_json_last
 
 __all__ = ["CaptureOutcome", "finalise_capsule"]
 
@@ -40,6 +41,7 @@ _LOSS_EVENTS = (
     "hook_failed",
     "records_pending_at_close",
     "calls_open_at_close",
+    "calls_in_flight_at_exit",  # calls a killed process never finished (`spool`'s in-flight counts)
 )
 
 
@@ -62,27 +64,65 @@ class CaptureOutcome:
         self.duration_ms = duration_ms
 
 
+def _entry_kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISFIFO(mode):
+        return "fifo"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "special"
+
+
 def _remove_special_entries(paths: CapsulePaths) -> list[dict[str, str]]:
-    """Remove links and special files at managed paths (never following them); report each."""
-    suspects = list(paths.managed_files())
-    for directory in (paths.calls, paths.process_health):
-        try:
-            suspects.extend(directory / name for name in os.listdir(directory))
-        except OSError:
-            continue
+    """Remove links and special files at managed paths (never following them); report each.
+
+    Only the entry itself goes, and only inside the capsule: each managed directory is checked
+    with lstat, and one that is a link (or anything but a directory) is removed as an entry and
+    made again empty, never listed through; a real one is opened with O_NOFOLLOW and its
+    entries are looked at and removed relative to that descriptor, so a directory swapped in
+    meanwhile is never touched.
+    """
     removed: list[dict[str, str]] = []
-    for path in suspects:
+    root = str(paths.root)
+
+    def report(path: str, mode: int) -> None:
+        removed.append({"path": os.path.relpath(path, root), "kind": _entry_kind(mode)})
+
+    for path in map(str, paths.managed_files()):
         try:
             mode = os.lstat(path).st_mode
-        except FileNotFoundError:
+        except OSError:
             continue
-        if stat.S_ISREG(mode):
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            os.unlink(path)
+            report(path, mode)
+    for directory in map(str, paths.managed_directories()):
+        try:
+            mode = os.lstat(directory).st_mode
+        except OSError:
             continue
-        kind = "symlink" if stat.S_ISLNK(mode) else "fifo" if stat.S_ISFIFO(mode) else "directory" if stat.S_ISDIR(mode) else "special"
-        if kind == "directory":
+        if not stat.S_ISDIR(mode):
+            os.unlink(directory)  # the link itself, never what it points to
+            report(directory, mode)
+            if directory in (str(paths.calls), str(paths.process_health)):
+                os.mkdir(directory)  # where the spool's records and counts still have to go
             continue
-        os.unlink(path)
-        removed.append({"path": str(path.relative_to(paths.root)), "kind": kind})
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            for name in os.listdir(fd):
+                try:
+                    mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+                except OSError:
+                    continue
+                if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+                    os.unlink(name, dir_fd=fd)
+                    report(os.path.join(directory, name), mode)
+        finally:
+            os.close(fd)
     return removed
 
 
@@ -102,7 +142,7 @@ def _project_calls(paths: CapsulePaths) -> tuple[list[bytes], dict[str, Any]]:
     lines: list[bytes] = []
     summary: dict[str, Any] = {"rollouts": {}, "unreadable_lines": 0, "torn_tails": 0, "incomplete": [], "late_writes": 0}
     all_records: list[ModelCallRecord] = []
-    with CaptureStore(paths.calls, create=False) as store:
+    with CaptureStore(paths.calls, create=False, refuse_links=True) as store:
         for rollout_id in store.rollouts():
             result = store.read(rollout_id)
             records = []
@@ -135,12 +175,17 @@ def _usage(metrics: Mapping[str, Any] | None) -> dict[str, int | None]:
     return {name: metrics.get(key) for key, name in _USAGE_KEYS}
 
 
-def _health_document(paths: CapsulePaths, calls: Mapping[str, Any], tampered: list[dict[str, str]]) -> dict[str, Any]:
+def _health_document(
+    paths: CapsulePaths,
+    calls: Mapping[str, Any],
+    tampered: list[dict[str, str]],
+    uncaptured: list[dict[str, Any]],
+) -> dict[str, Any]:
     processes = sum_process_health(paths.process_health)
     totals = processes["totals"]
     dropped = {event: totals[event] for event in _LOSS_EVENTS if totals.get(event)}
     in_store = sum(rollout["calls"] for rollout in calls.get("rollouts", {}).values())
-    problems = bool(dropped or calls.get("unreadable_lines") or calls.get("incomplete") or tampered)
+    problems = bool(dropped or calls.get("unreadable_lines") or calls.get("incomplete") or tampered or uncaptured)
     return {
         "schema_version": HEALTH_SCHEMA_VERSION,
         "run_id": paths.run_id,
@@ -148,6 +193,7 @@ def _health_document(paths: CapsulePaths, calls: Mapping[str, Any], tampered: li
         "ok": not problems,
         "records": {
             "captured_calls": totals.get("calls_captured", 0),
+            "in_flight_at_exit": totals.get("calls_in_flight_at_exit", 0),
             "written": totals.get("records_written", 0),
             "in_store": in_store,
             "unreadable_lines": calls.get("unreadable_lines", 0),
@@ -160,6 +206,7 @@ def _health_document(paths: CapsulePaths, calls: Mapping[str, Any], tampered: li
         "processes": processes["processes"],
         "unreadable_process_files": processes["unreadable_files"],
         "tampered_entries": tampered,
+        "uncaptured_processes": uncaptured,
         "source": "counts reported by the workload's own processes",
     }
 
@@ -179,22 +226,41 @@ def finalise_capsule(
     interpreter: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
     injected_paths: Iterable[str] = (),
+    uncaptured: Iterable[Mapping[str, Any]] = (),
+    root_identity: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Complete the capsule and its manifest; returns the final manifest.
 
     `interpreter` describes the workload's Python (default: what its first process wrote to
-    `internal/interpreter`, or none); `environ` is the environment it ran with.
+    `internal/interpreter`, or none); `environ` is the environment it ran with; `uncaptured`
+    lists processes known to run without the capture hooks (`python -I`, `-E`, `-S`).
+
+    Raises CapsuleError, touching nothing, when the capsule's root is no longer a real directory
+    (or, given `root_identity`, no longer the directory that was created): finalising through a
+    link would write and delete in some other directory.
     """
+    from .manifest import CapsuleError
+
+    identity = directory_identity(paths.root)
+    if identity is None or (root_identity is not None and identity != root_identity):
+        raise CapsuleError(
+            f"The capsule directory '{paths.root}' was replaced (by a link or another directory) while the run went on; "
+            "it was not finalised, so nothing outside it is touched: look for the original capsule directory."
+        )
     tampered = _remove_special_entries(paths)
     from .spool import drain_spool
 
     drain_spool(paths)  # the records of the calls the workload's processes spooled (llmtap run)
     if _has_calls(paths):
-        model_lines, calls = _project_calls(paths)
+        try:
+            model_lines, calls = _project_calls(paths)
+        except LlmtapError as exc:  # calls/ replaced again, or a planted file: report, never follow
+            tampered.append({"path": "calls", "kind": "unreadable", "error": str(exc)})
+            model_lines, calls = [], {"rollouts": {}, "metrics": None}
     else:
         model_lines, calls = [], {"rollouts": {}, "metrics": None}
     write_file_atomic(paths.model_calls, b"".join(model_lines), sync=False)
-    health = _health_document(paths, calls, tampered)
+    health = _health_document(paths, calls, tampered, [dict(entry) for entry in uncaptured])
     write_json_atomic(paths.capture_health, health, sync=False)
     if interpreter is None:
         interpreter = _read_interpreter(paths)

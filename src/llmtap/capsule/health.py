@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from .writer import read_regular_file
+from .writer import is_real_directory, read_regular_file
 
 TYPE_CHECKING = False  # `typing` and `pathlib` are not needed at run time: `llmtap run` finalises with this
 if TYPE_CHECKING:
@@ -42,6 +42,8 @@ def write_process_health(path: Path, counts: Mapping[str, Any], *, pid: int | No
         "counts": dict(counts),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
+    if not is_real_directory(path.parent):  # the workload swapped it for a link: never write through one
+        raise OSError(f"'{path.parent}' is not a directory of the capsule")
     temporary = path.with_name(f".{path.name}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:

@@ -1,7 +1,9 @@
 """Running a command under capture: what `llmtap run -- CMD ...` does.
 
 1. Take the URL registry (a malformed override stops here, before anything runs) and create the
-   capsule's directories with the registry the workload's hooks will use (`url_registry.json`).
+   capsule's directories with the registry the workload's hooks will use (`url_registry.json`),
+   holding the capsule's runner lock (`recover`) until it is finalised. A Python command that
+   would skip the hooks (`-I`, `-E`, `-S`; `isolation`) is reported on stderr and in the capsule.
 2. Start the command with the injected `sitecustomize` first on PYTHONPATH, so every Python
    process it starts (children, grandchildren, multiprocessing workers) captures into the capsule.
 3. While it runs, write the `running` manifest, and stream its stdout and stderr through live,
@@ -27,8 +29,9 @@ import select
 import sys
 import time
 
+from .isolation import uncaptured_python
 from .run_registry import registry_for_run, registry_source
-from .writer import create_capsule_directories, write_new_file
+from .writer import create_capsule_directories, directory_identity, hold_runner_lock, write_new_file
 
 TYPE_CHECKING = False  # `typing` is not imported at run time (see above)
 if TYPE_CHECKING:
@@ -379,11 +382,17 @@ def run_captured(
     handoff = registry_for_run(registry_path)
     started, started_mono = time.time(), time.perf_counter()
     root = create_capsule_directories(runs_dir, with_outputs=True)
+    # Held until finalisation: `llmtap runs list` and `runs recover` tell a dead recorder by it.
+    runner_lock = hold_runner_lock(os.path.join(root, "internal", "runner.lock"))
+    root_identity = directory_identity(root)  # finalisation refuses a root swapped meanwhile
     write_new_file(os.path.join(root, "url_registry.json"), handoff)
     echo_stdout = sys.stdout.fileno() if echo else None
     echo_stderr = sys.stderr.fileno() if echo else None
     is_tty = echo and (os.isatty(sys.stdout.fileno()) or os.isatty(sys.stderr.fileno()))
     env, injected = _child_environment(root, dict(os.environ if environ is None else environ), is_tty)
+    uncaptured = uncaptured_python(command, env)
+    if uncaptured is not None:
+        sys.stderr.write(f"llmtap: warning: {uncaptured['command']} {uncaptured['reason']}; see capture-health.json.\n")
     keep_stdout = _open_for_keeping(os.path.join(root, "outputs", "stdout.txt"))
     keep_stderr = _open_for_keeping(os.path.join(root, "outputs", "stderr.txt"))
     launch_error: OSError | None = None
@@ -412,9 +421,17 @@ def run_captured(
             keep_stdout = keep_stderr = -1
             outcome = _outcome(returncode, signals.received, launch_error)
             outcome.duration_ms = round((time.perf_counter() - started_mono) * 1000.0, 3)
-            final = finalise_capsule(paths, manifest, outcome, environ=env, injected_paths=injected)
+            final = finalise_capsule(
+                paths,
+                manifest,
+                outcome,
+                environ=env,
+                injected_paths=injected,
+                uncaptured=[uncaptured] if uncaptured else (),
+                root_identity=root_identity,
+            )
     finally:
-        for fd in (keep_stdout, keep_stderr):
+        for fd in (keep_stdout, keep_stderr, runner_lock):
             if fd >= 0:
                 os.close(fd)
     assert outcome.exit_code is not None

@@ -58,7 +58,7 @@ def serve_into_capsule(config: Any, *, runs_dir: Path | None = None) -> Path:
     manifest = start_manifest(
         paths, capture_mode="serve", command=list(sys.argv), cwd=os.getcwd(), started_at=started, registry_source=None
     )
-    store = CaptureStore(paths.calls)
+    store = CaptureStore(paths.calls, refuse_links=True)
     app = DefaultRolloutPrefix(build_app(config, store=store))
     print(
         f"llmtap serve on http://{config.host}:{config.port}  capturing into run capsule {paths.root}",

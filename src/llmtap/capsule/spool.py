@@ -23,6 +23,12 @@ Frame (little-endian):
     response bytes
     trailer  4 bytes   CRC-32 of meta, request and response
 
+Next to its spool file, a process keeps the number of its calls in flight in
+`<same name>.inflight` (8 bytes, little-endian), a file it maps into memory at its first call:
+updating it is a store into memory, no system call, and the page cache keeps the last value when
+the process is killed. Finalisation reports a non-zero count as calls in flight at exit
+(`calls_in_flight_at_exit`): calls a killed process never finished, which leave no frame.
+
 A frame cut short (a process killed in the middle of its write, a full disk) or damaged is
 skipped: the reader looks for the next header, counts the loss in capture health, and never
 raises. A frame still being written is left for the next pass, until the final one.
@@ -59,6 +65,8 @@ MAGIC = b"LTSP"
 FRAME_VERSION = 1
 KIND_CALL, KIND_HEALTH, KIND_PROCESS = 1, 2, 3
 SPOOL_SUFFIX = ".spool"
+IN_FLIGHT_SUFFIX = ".inflight"  # replaces SPOOL_SUFFIX: the process's count of calls in flight
+_IN_FLIGHT = struct.Struct("<q")
 KEPT_SUFFIX = ".kept"  # a drained spool file that had a problem, kept for inspection and never re-read
 _HEADER = struct.Struct("<4sBBHIQQ")
 _CRC = struct.Struct("<I")
@@ -127,6 +135,7 @@ class SpoolWriter:
         self.directory = os.fspath(directory)
         self._fd: int | None = None
         self._name = _spool_name()
+        self._in_flight: Any = None  # the mapped `.inflight` file, once a call has started
 
     @property
     def path(self) -> str:
@@ -137,6 +146,25 @@ class SpoolWriter:
         if fd is None:
             fd = self._open()
         os.writev(fd, parts)
+
+    def set_in_flight(self, count: int) -> None:
+        """Record how many calls this process has in flight; the caller serialises the calls. Raises OSError."""
+        mapped = self._in_flight
+        if mapped is None:
+            mapped = self._in_flight = self._map_in_flight()
+        _IN_FLIGHT.pack_into(mapped, 0, count)
+
+    def _map_in_flight(self) -> Any:
+        import mmap
+
+        os.makedirs(self.directory, exist_ok=True)
+        path = os.path.join(self.directory, self._name[: -len(SPOOL_SUFFIX)] + IN_FLIGHT_SUFFIX)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, _IN_FLIGHT.size)
+            return mmap.mmap(fd, _IN_FLIGHT.size)
+        finally:
+            os.close(fd)  # the mapping keeps the file
 
     def _open(self) -> int:
         # No lock: two threads racing here open the same name (O_APPEND keeps both whole), and
@@ -157,6 +185,7 @@ class SpoolWriter:
         """In a forked child: write to a file of its own from the next frame on."""
         fd, self._fd = self._fd, None
         self._name = _spool_name()
+        self._in_flight = None  # the parent's mapping, shared with it: the child maps a file of its own
         if fd is not None:
             try:
                 os.close(fd)  # the child's copy only; the parent keeps writing through its own
@@ -303,6 +332,7 @@ class _SpoolFile:
         self.pid: int | None = int(prefix) if prefix.isdigit() else None
         self.argv0: str | None = None
         self.troubled = False  # a frame did not become a record: the file is kept, not removed
+        self.calls = 0  # call frames read so far: the next one's number, which its record keeps
 
     def read(self, final: bool) -> tuple[ScanResult, bool]:
         """The frames written since the last read (a bounded amount), and whether all was read."""
@@ -349,6 +379,7 @@ class SpoolCollector:
         self._thread: threading.Thread | None = None
         self._finished = False
         self._store: Any = None
+        self._recorded: set[tuple[str, int]] | None = None  # (spool file, call number) already in calls/
 
     def start(self) -> SpoolCollector:
         """Collect live on a daemon thread until `finish`, which finalisation calls; never raises
@@ -408,6 +439,10 @@ class SpoolCollector:
         with self._lock:
             if not self._finished:
                 self._finished = True
+                if self._thread is None:
+                    # Nothing was collected live in this process: a recovery, or a finalisation
+                    # killed halfway, may find some of these frames' records in calls/ already.
+                    self._recorded = _recorded_calls(self.paths)
                 self._collect(final=True)
                 self._close()
         with _LIVE_LOCK:
@@ -439,6 +474,10 @@ class SpoolCollector:
                 self._append(pending)
 
     def _open_new_files(self) -> None:
+        from .writer import is_real_directory
+
+        if not is_real_directory(self.directory):
+            return  # none yet, or a link the workload put there: never read through it
         try:
             names = sorted(name for name in os.listdir(self.directory) if name.endswith(SPOOL_SUFFIX))
         except OSError:
@@ -459,10 +498,18 @@ class SpoolCollector:
     def _take(self, spool: _SpoolFile, frame: Frame, pending: Pending) -> None:
         if frame.kind == KIND_CALL:
             spool.health.count("calls_captured")
+            number, spool.calls = spool.calls, spool.calls + 1
+            if self._recorded and (spool.path.name, number) in self._recorded:
+                spool.health.count("records_written")  # by an earlier, interrupted finalisation
+                return
             try:
                 from ..hooks.writer import decode_call
 
                 exchange, dialect = decode_call(frame)
+                capture = exchange.extra.get("capture")
+                if not isinstance(capture, dict):
+                    capture = exchange.extra["capture"] = {}
+                capture["spool"] = {"file": spool.path.name, "call": number}  # what a later finalisation dedups by
                 pending.append((spool, exchange.rollout_id or "default", _build_line(exchange, dialect)))
             except Exception as exc:
                 spool.failure("record_build_failed", exc)
@@ -489,7 +536,8 @@ class SpoolCollector:
             if self._store is None:
                 from ..store import CaptureStore
 
-                self._store = CaptureStore(self.paths.calls, sync_process=False)  # no helper process here
+                # No helper process here; and calls/ must still be the capsule's own directory, not a link.
+                self._store = CaptureStore(self.paths.calls, sync_process=False, refuse_links=True)
             store = self._store
 
             async def append_all() -> list[Any]:
@@ -507,27 +555,99 @@ class SpoolCollector:
             else:
                 spool.health.count("records_written")
 
+    def _take_in_flight_counts(self) -> dict[str, int]:
+        """Non-zero in-flight counts by `.inflight` file name; every one read is removed."""
+        from .writer import is_real_directory
+
+        if not is_real_directory(self.directory):
+            return {}
+        try:
+            names = [name for name in os.listdir(self.directory) if name.endswith(IN_FLIGHT_SUFFIX)]
+        except OSError:
+            return {}
+        counts: dict[str, int] = {}
+        for name in names:
+            count = _read_in_flight(self.directory, name)
+            if count:
+                counts[name] = count
+            try:
+                os.unlink(self.directory / name)
+            except OSError:
+                pass
+        return counts
+
     def _close(self) -> None:
         from .health import write_process_health
+        from .writer import is_real_directory
 
         if self._store is not None:
             try:
                 self._store.close()
             except Exception as exc:
                 _collector_failed(exc)
+        in_flight = self._take_in_flight_counts()
+        for name, count in in_flight.items():
+            spool_name = name[: -len(IN_FLIGHT_SUFFIX)] + SPOOL_SUFFIX
+            spool = self._files.get(spool_name)
+            if spool is None:  # killed before any frame: it still has a health file of its own
+                spool = self._files[spool_name] = _SpoolFile(self.directory / spool_name, -1)
+            spool.health.failure("calls_in_flight_at_exit", "spool", None)  # counted once, warned once
+            if count > 1:
+                spool.health.count("calls_in_flight_at_exit", count - 1)
         for spool in self._files.values():
             try:
+                if spool.fd < 0:  # no spool file, only an in-flight count
+                    counts = spool.health.snapshot()
+                    write_process_health(self.paths.process_health / f"spool-{spool.path.stem}.json", counts, pid=spool.pid)
+                    continue
                 os.close(spool.fd)
                 counts = spool.health.snapshot()
                 if counts:
                     health = self.paths.process_health / f"spool-{spool.path.stem}.json"
                     write_process_health(health, counts, pid=spool.pid, argv0=spool.argv0)
+                if not is_real_directory(self.directory):  # swapped for a link since: touch nothing through it
+                    raise OSError(f"'{self.directory}' is no longer a directory of the capsule")
                 if spool.troubled or spool.buffer:
                     os.replace(spool.path, spool.path.with_name(spool.path.name + KEPT_SUFFIX))
                 else:
                     os.unlink(spool.path)  # every frame of it is a durable record now
             except Exception as exc:
                 _collector_failed(exc)
+
+
+def _read_in_flight(directory: Path, name: str) -> int:
+    """The count in one `.inflight` file (0 for anything that is not one of ours)."""
+    try:
+        fd = os.open(directory / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return 0
+        data = os.read(fd, _IN_FLIGHT.size)
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    return max(0, _IN_FLIGHT.unpack(data)[0]) if len(data) == _IN_FLIGHT.size else 0
+
+
+def _recorded_calls(paths: CapsulePaths) -> set[tuple[str, int]]:
+    """The (spool file, call number) of every record already in the capsule's calls/; never raises."""
+    found: set[tuple[str, int]] = set()
+    try:
+        from ..store import CaptureStore
+
+        with CaptureStore(paths.calls, create=False, refuse_links=True) as store:
+            for rollout_id in store.rollouts():
+                for _, line in store.read(rollout_id).entries:
+                    capture = line.get("capture")
+                    origin = capture.get("spool") if isinstance(capture, dict) else None
+                    if isinstance(origin, dict) and isinstance(origin.get("file"), str) and isinstance(origin.get("call"), int):
+                        found.add((origin["file"], origin["call"]))
+    except Exception as exc:  # unreadable: every frame is appended again rather than none
+        _collector_failed(exc)
+    return found
 
 
 def _yield_the_cpu() -> None:

@@ -35,6 +35,9 @@ __all__ = [
     "create_capsule",
     "create_capsule_directories",
     "default_runs_dir",
+    "directory_identity",
+    "hold_runner_lock",
+    "is_real_directory",
     "read_regular_file",
     "sync_files",
     "write_file_atomic",
@@ -115,6 +118,18 @@ class CapsulePaths:
     def interpreter(self) -> Path:
         return self.internal / "interpreter"
 
+    @property
+    def spool(self) -> Path:
+        return self.internal / "spool"
+
+    @property
+    def runner_lock(self) -> Path:
+        return self.internal / "runner.lock"
+
+    def managed_directories(self) -> list[Path]:
+        """Directories the recorder writes into, which must be real directories (never links)."""
+        return [self.calls, self.outputs, self.internal, self.process_health, self.spool]
+
     def managed_files(self) -> list[Path]:
         """Files finalisation reads or writes, which must be regular files (never links)."""
         return [
@@ -126,6 +141,7 @@ class CapsulePaths:
             self.capture_health,
             self.url_registry,
             self.interpreter,
+            self.runner_lock,
         ]
 
 
@@ -223,9 +239,13 @@ def sync_files(paths: Sequence[str | os.PathLike[str]]) -> None:
     try:
         for path in paths:
             try:
-                fds.append(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             except OSError:
                 continue
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                fds.append(fd)
+            else:  # swapped for a FIFO or device since it was written: nothing of ours to sync
+                os.close(fd)
         for fd in fds:
             _start_writeback(fd)
         for fd in fds:
@@ -249,13 +269,45 @@ def _start_writeback(fd: int) -> None:
 
 def _sync_directory(directory: str) -> None:
     try:
-        fd = os.open(directory or ".", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def directory_identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """(device, inode) of `path` if it is a real directory (not a link to one), else None."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino) if stat.S_ISDIR(found.st_mode) else None
+
+
+def is_real_directory(path: str | os.PathLike[str]) -> bool:
+    """True when `path` is a directory itself, not a link to one (the workload may have swapped it)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def hold_runner_lock(lock_path: str) -> int:
+    """Create the capsule's runner lock and hold it (the recorder's side); returns its descriptor.
+
+    Called by `llmtap run` right after creating the capsule, before the workload starts, so the
+    file cannot have been planted (O_EXCL, O_NOFOLLOW). Close the descriptor to release it.
+    """
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.lockf(fd, os.F_LOCK, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def read_regular_file(path: Path) -> bytes:

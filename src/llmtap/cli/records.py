@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..display import calls_table, format_value, metrics_line
-from ..errors import LlmtapError
+from ..errors import LlmtapError, UnsafeCaptureFileError
 from ..readers import aggregate_model_call_metrics, read_rollout_calls
 from ..store import CaptureStore
 
@@ -63,22 +63,34 @@ def status(capture_dir: Path) -> None:
     """Print where a capture directory is and what it holds: rollouts, calls, size, problems."""
     store = _open_store(capture_dir)
     rollouts = store.rollouts()
-    calls = errors = unreadable = size = 0
+    calls = errors = unreadable = torn = failures = size = 0
     incomplete: list[str] = []
+    refused: list[str] = []
     late = 0
     for rollout_id in rollouts:
-        read = _read(store, rollout_id)
+        try:
+            read = read_rollout_calls(store, rollout_id)
+        except LlmtapError as exc:
+            if isinstance(exc.__cause__, UnsafeCaptureFileError):  # a link or FIFO planted at its file: never followed
+                refused.append(rollout_id)
+                continue
+            raise click.ClickException(str(exc)) from None
         calls += len(read.records)
         errors += sum(1 for record in read.records if record.error_category is not None)
         unreadable += len(read.unreadable_lines)
+        torn += int(read.torn_tail)  # a cut-off last line: damage, even if a write may still finish it
+        failures += read.capture_failures
         late += read.late_writes
         size += store.size_of(rollout_id)
         if read.incomplete:
             incomplete.append(rollout_id)
     click.echo(f"directory: {store.root}")
     click.echo(f"rollouts: {len(rollouts)}  calls: {calls}  errors: {errors}  size: {size:,} bytes")
-    click.echo(f"damaged lines: {unreadable}  late writes set aside: {late}")
+    click.echo(f"damaged lines: {unreadable + torn} (torn tails: {torn})  late writes set aside: {late}")
+    click.echo(f"capture failures: {failures}")
     click.echo(f"incomplete (a write failed): {', '.join(incomplete) if incomplete else 'none'}")
+    if refused:
+        click.echo(f"refused (not a regular file, never read): {', '.join(refused)}")
 
 
 @records.command("path")

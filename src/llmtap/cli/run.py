@@ -160,6 +160,8 @@ def summary_line(result: RunResult) -> str:
     counts = result.manifest.get("counts", {})
     dropped = counts.get("records_dropped", 0)
     note = f", {dropped} record(s) dropped (see capture-health.json)" if dropped else ""
+    if not note and not (result.manifest.get("capture_health") or {}).get("ok", True):
+        note = ", capture health not ok (see capture-health.json)"
     return (
         f"llmtap: run {result.capsule.name} {result.status} (exit {result.exit_code}), "
         f"{counts.get('model_calls', 0)} model call(s){note} -> {result.capsule}"

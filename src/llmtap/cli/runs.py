@@ -46,12 +46,21 @@ def runs() -> None:
 @capsule_dir_option
 @json_option
 def list_runs(capsule_dir: Path | None, as_json: bool) -> None:
-    """List runs, oldest first: id, status, exit code, calls, tokens in/out, command."""
+    """List runs, oldest first: id, status, exit code, calls, tokens in/out, command.
+
+    A `running` run whose recorder is gone shows as `stale`: `llmtap runs recover RUN` finalises it.
+    """
     from ..capsule.manifest import list_capsules
 
     found = list_capsules(_runs_dir(capsule_dir))
     if as_json:
-        click.echo(json.dumps([manifest or {"run_id": path.name, "status": "unreadable"} for path, manifest in found], indent=2))
+        listed = []
+        for path, manifest in found:
+            entry = manifest or {"run_id": path.name, "status": "unreadable"}
+            if entry.get("status") == "running":
+                entry = {**entry, "runner": _runner_state(path)}
+            listed.append(entry)
+        click.echo(json.dumps(listed, indent=2))
         return
     if not found:
         click.echo(f"No runs under '{_runs_dir(capsule_dir)}'.")
@@ -63,11 +72,41 @@ def list_runs(capsule_dir: Path | None, as_json: bool) -> None:
             continue
         exit_code = manifest.get("exit_code")
         counts = manifest.get("counts") or {}
+        status = manifest.get("status", "?")
+        if status == "running" and _runner_state(path) == "gone":
+            status = "stale"
         click.echo(
-            f"{path.name:26}  {manifest.get('status', '?'):11}  {'' if exit_code is None else exit_code:>4}  "
+            f"{path.name:26}  {status:11}  {'' if exit_code is None else exit_code:>4}  "
             f"{counts.get('model_calls', ''):>5}  {_tokens(manifest):>13}  {str(manifest.get('started_at', ''))[:19]:20}  "
             f"{_command_text(manifest)}"
         )
+
+
+def _runner_state(capsule: Path) -> str:
+    from ..capsule.recover import runner_state
+
+    return runner_state(capsule)
+
+
+@runs.command("recover")
+@click.argument("run_ref", metavar="RUN")
+@capsule_dir_option
+def recover_run(run_ref: str, capsule_dir: Path | None) -> None:
+    """Finalise a run whose recorder died (status `interrupted`), from what its processes spooled."""
+    from ..capsule.manifest import find_capsule
+    from ..capsule.recover import recover_capsule
+
+    try:
+        manifest = recover_capsule(find_capsule(_runs_dir(capsule_dir), run_ref))
+    except LlmtapError as exc:
+        raise click.ClickException(str(exc)) from None
+    counts = manifest.get("counts") or {}
+    health = manifest.get("capture_health") or {}
+    click.echo(
+        f"Recovered run {manifest.get('run_id')}: status {manifest.get('status')}, "
+        f"{counts.get('model_calls', 0)} call(s) in {counts.get('rollouts', 0)} rollout(s), "
+        f"health {'ok' if health.get('ok') else 'see capture-health.json'}."
+    )
 
 
 @runs.command("show")

@@ -341,6 +341,8 @@ class CaptureSession:
     def _call_opened(self) -> None:
         with self._counts_lock:
             self._open_calls += 1
+            if self.spool is not None:
+                self._note_in_flight()
         if self.spool is None:
             self.health.count("calls_captured")
             warm_up()
@@ -350,6 +352,17 @@ class CaptureSession:
     def _call_ended(self) -> None:
         with self._counts_lock:
             self._open_calls -= 1
+            if self.spool is not None:
+                self._note_in_flight()
+
+    def _note_in_flight(self) -> None:
+        """Keep the spool's in-flight count current (a store into shared memory, no system call),
+        so a process killed mid-call leaves its open calls counted; the caller holds the counts lock."""
+        assert self.spool is not None
+        try:
+            self.spool.set_in_flight(self._open_calls)
+        except Exception:  # best effort, like every count
+            pass
 
     def failure(self, event: str, where: str, exc: BaseException | None = None, *, call_lost: bool = False) -> None:
         """Count a capture failure, warn once, and persist this process's counts.
@@ -500,6 +513,10 @@ class CaptureSession:
         if self.spool is not None:
             if still_open > 0:  # calls that will leave no frame
                 self._report({"calls_open_at_close": still_open, "calls_captured": still_open})
+                try:
+                    self.spool.set_in_flight(0)  # reported just now: not in flight at a kill later
+                except Exception:
+                    pass
         elif self.health.snapshot():  # a process that captured nothing leaves no file
             self._persist_health()
 
