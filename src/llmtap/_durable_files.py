@@ -96,6 +96,23 @@ def write_all(fd: int, payload: bytes) -> None:
         view = view[written:]
 
 
+def append_whole(fd: int, payload: bytes, size: int) -> None:
+    """Write `payload` at the end of a file of `size` bytes, or leave the file at `size` bytes.
+
+    A write cut short (ENOSPC, EIO, a quota) would leave half a line, which the next append turns
+    into a damaged line for ever; truncating back keeps the file made of whole lines. The caller
+    holds the file's lock, so `size` is still its length.
+    """
+    try:
+        write_all(fd, payload)
+    except OSError:
+        try:
+            os.ftruncate(fd, size)
+        except OSError:
+            pass  # the write's own error is the one to report
+        raise
+
+
 def sync_data(fd: int) -> None:
     """Make the bytes written to `fd` durable (fdatasync; fsync where there is none, as on macOS)."""
     if hasattr(os, "fdatasync"):
@@ -170,7 +187,7 @@ def append_lines_durably(name: str, dir_fd: int, lines: list[bytes]) -> None:
             sync_directory(dir_fd)
         elif os.pread(fd, 1, size - 1) != b"\n":
             payload = b"\n" + payload
-        write_all(fd, payload)
+        append_whole(fd, payload, size)
         sync_data(fd)
     finally:
         os.close(fd)

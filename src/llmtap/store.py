@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import errno
 import fcntl
 import functools
 import logging
@@ -58,6 +59,7 @@ import orjson
 from llmtap._durable_files import (
     SAFE_FLAGS,
     append_lines_durably,
+    append_whole,
     open_regular,
     replace_file_synced,
     sync_data,
@@ -662,7 +664,7 @@ class CaptureStore:
         # from a file another tool rewrote to the same length.
         if size and os.pread(fd, 1, size - 1) != b"\n":
             payload = b"\n" + payload
-        write_all(fd, payload)
+        append_whole(fd, payload, size)
         return fd, (data.st_dev, data.st_ino), size == 0
 
     def _lock(self, rollout_id: str) -> int:
@@ -747,7 +749,14 @@ class CaptureStore:
                     {"marked_at": time.time(), "reason": str(reason), "failures": earlier + max(1, failures)},
                     option=orjson.OPT_APPEND_NEWLINE,
                 )
-                replace_file_synced(name, content, dir_fd=self._dir_fd)
+                try:
+                    replace_file_synced(name, content, dir_fd=self._dir_fd)
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    # A full disk has no block for the count, but an empty marker needs none: it
+                    # still says the rollout lost a record (read as one failure).
+                    replace_file_synced(name, b"", dir_fd=self._dir_fd)
             sync_directory(self._dir_fd)
         except Exception as exc:
             if not self._marker_failure_logged:
