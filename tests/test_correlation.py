@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
-import llmtap.store
+import llmtap.correlation.ids
 from llmtap.correlation import (
     ROLLOUT_ID_PATTERN,
     ROLLOUT_PREFIX,
@@ -28,8 +28,8 @@ from llmtap.correlation import (
     url_path_for_request,
     url_path_for_run,
 )
+from llmtap.correlation.sampling import ModelCallSampling, encode_model_sampling
 from llmtap.errors import InvalidRolloutIdError, LlmtapError
-from llmtap.sampling import ModelCallSampling, encode_model_sampling
 
 GENERATION_PATHS = ["/v1/responses", "/v1/chat/completions", "/v1/messages"]
 # Short enough that an attempt suffix still fits the store's length limit.
@@ -55,7 +55,7 @@ class RunRequest(BaseModel):
 
 
 def test_correlation_uses_the_stores_one_id_pattern() -> None:
-    assert ROLLOUT_ID_PATTERN is llmtap.store.ROLLOUT_ID_PATTERN
+    assert ROLLOUT_ID_PATTERN is llmtap.correlation.ids.ROLLOUT_ID_PATTERN
 
 
 def test_invalid_rollout_id_error_is_both_a_value_error_and_an_llmtap_error() -> None:
@@ -345,7 +345,7 @@ def test_prefix_constant_is_the_fixed_wire_name() -> None:
 
 
 def test_an_attempt_suffix_that_pushes_an_id_past_the_store_limit_raises() -> None:
-    long_id = "r" * llmtap.store.MAX_ROLLOUT_ID_LENGTH
+    long_id = "r" * llmtap.correlation.ids.MAX_ROLLOUT_ID_LENGTH
     assert rollout_id_from_run_body({"_ng_rollout_id": long_id}) == long_id
     with pytest.raises(InvalidRolloutIdError):
         rollout_id_from_run_body({"_ng_rollout_id": long_id, "_ng_attempt_index": 1})

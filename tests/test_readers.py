@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from llmtap.errors import CaptureRecordError
-from llmtap.readers import aggregate_model_call_metrics, read_model_call_records, read_rollout_calls
 from llmtap.store import CaptureStore
+from llmtap.store.readers import aggregate_model_call_metrics, read_model_call_records, read_rollout_calls
 
 
 def _line(i: int, tokens: int | None = None) -> dict[str, object]:

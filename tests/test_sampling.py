@@ -12,8 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from llmtap.dialects import get_dialect
-from llmtap.sampling import (
+from llmtap.correlation.sampling import (
     MODEL_SAMPLING_HEADER,
     MODEL_SAMPLING_NULL,
     ModelCallSampling,
@@ -30,6 +29,7 @@ from llmtap.sampling import (
     split_sampling_segment,
     with_model_sampling_segment,
 )
+from llmtap.dialects import get_dialect
 from tests.fixtures import all_fixtures
 
 MAX_SAFE = 2**53 - 1

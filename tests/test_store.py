@@ -22,8 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from llmtap.correlation.ids import ROLLOUT_ID_PATTERN, validate_rollout_id
 from llmtap.errors import CaptureRecordError, InvalidRolloutIdError, StoreError
-from llmtap.store import ROLLOUT_ID_PATTERN, AppendResult, CaptureStore, validate_rollout_id
+from llmtap.store import AppendResult, CaptureStore
 
 SHARED_ROLLOUT = "shared-0"
 PROCESSES = 8
@@ -636,7 +637,7 @@ def test_awaited_append_waits_for_a_rollout_another_process_holds(store: Capture
 
 
 def test_rollouts_past_the_open_file_limit_are_closed_and_reopened(tmp_path: Path, no_sync: None) -> None:
-    from llmtap._rollout_files import RolloutFileCache, SyncDescriptors
+    from llmtap.store.rollout_files import RolloutFileCache, SyncDescriptors
 
     with CaptureStore(tmp_path) as store:
         store._files = RolloutFileCache(store._dir_fd, lambda r: r + ".capture.lock", limit=3)
@@ -813,7 +814,7 @@ def test_forked_child_never_inherits_a_held_rollout_lock(tmp_path: Path, holder:
     """A fork during a commit used to give the child a copy of the lock descriptor, so the lock
     outlived the parent's commit and the child blocked forever on its own copy. The descriptors
     a store keeps open between appends are closed in the child for the same reason."""
-    from llmtap._rollout_files import DESCRIPTORS
+    from llmtap.store.rollout_files import DESCRIPTORS
 
     store = CaptureStore(tmp_path)
     if holder == "clear":

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-import llmtap._sync_offload as sync_offload
-import llmtap._sync_worker as sync_worker
-from llmtap._sync_worker import ACK, NEW_FILE, REQUEST, serve
+import llmtap.store.sync_offload as sync_offload
+import llmtap.store.sync_worker as sync_worker
 from llmtap.errors import StoreError
 from llmtap.store import AppendResult, CaptureStore
+from llmtap.store.sync_worker import ACK, NEW_FILE, REQUEST, serve
 from tests.test_store import fd_path, make_record
 
 WAIT = 30.0
@@ -614,7 +614,7 @@ def test_a_failed_sync_on_the_loop_fails_the_append_and_marks_the_rollout(
 
 
 def test_syncs_on_the_loop_stop_while_the_disk_is_slow_and_are_tried_again_later(monkeypatch: pytest.MonkeyPatch) -> None:
-    from llmtap.store import _InlineSyncGate
+    from llmtap.store.capture_store import _InlineSyncGate
 
     now = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])

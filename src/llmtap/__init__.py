@@ -34,34 +34,34 @@ _EXPORTS: dict[str, str] = {
     "Exchange": "llmtap.exchange",
     "InvalidRolloutIdError": "llmtap.errors",
     "LlmtapError": "llmtap.errors",
-    "MODEL_SAMPLING_HEADER": "llmtap.sampling",
-    "MODEL_SAMPLING_NULL": "llmtap.sampling",
+    "MODEL_SAMPLING_HEADER": "llmtap.correlation.sampling",
+    "MODEL_SAMPLING_NULL": "llmtap.correlation.sampling",
     "ModelCallRecord": "llmtap.records",
-    "ModelCallSampling": "llmtap.sampling",
-    "ModelCallSamplingConfig": "llmtap.sampling",
+    "ModelCallSampling": "llmtap.correlation.sampling",
+    "ModelCallSamplingConfig": "llmtap.correlation.sampling",
     "ObservationRecorder": "llmtap.rollouts.observations",
-    "ROLLOUT_ID_PATTERN": "llmtap.store",
+    "ROLLOUT_ID_PATTERN": "llmtap.correlation.ids",
     "ReadResult": "llmtap.store",
     "StoreError": "llmtap.errors",
     "TerminalAttribution": "llmtap.rollouts.terminal",
-    "aggregate_model_call_metrics": "llmtap.readers",
+    "aggregate_model_call_metrics": "llmtap.store.readers",
     "attach_file": "llmtap.rollouts.attach",
     "attach_rollout": "llmtap.rollouts.attach",
     "base_url_for_run": "llmtap.correlation",
     "capture": "llmtap.capture",
     "collect_rollouts": "llmtap.rollouts.collect",
-    "current_model_sampling_segment": "llmtap.sampling",
+    "current_model_sampling_segment": "llmtap.correlation.sampling",
     "current_rollout_id": "llmtap.correlation",
-    "decode_model_sampling": "llmtap.sampling",
-    "encode_model_sampling": "llmtap.sampling",
+    "decode_model_sampling": "llmtap.correlation.sampling",
+    "encode_model_sampling": "llmtap.correlation.sampling",
     "join_model_call_observations": "llmtap.rollouts.observations",
-    "model_call_sampling_config": "llmtap.sampling",
-    "model_sampling_context": "llmtap.sampling",
-    "model_sampling_from_run_body": "llmtap.sampling",
-    "model_sampling_path_segment": "llmtap.sampling",
+    "model_call_sampling_config": "llmtap.correlation.sampling",
+    "model_sampling_context": "llmtap.correlation.sampling",
+    "model_sampling_from_run_body": "llmtap.correlation.sampling",
+    "model_sampling_path_segment": "llmtap.correlation.sampling",
     "project_trajectory": "llmtap.rollouts.trajectory",
-    "read_model_call_records": "llmtap.readers",
-    "read_rollout_calls": "llmtap.readers",
+    "read_model_call_records": "llmtap.store.readers",
+    "read_rollout_calls": "llmtap.store.readers",
     "resolve_model_base_url": "llmtap.correlation",
     "resolve_terminal": "llmtap.rollouts.terminal",
     "rollout": "llmtap.capture",
@@ -70,8 +70,8 @@ _EXPORTS: dict[str, str] = {
     "rollout_id_from_run_body": "llmtap.correlation",
     "url_path_for_request": "llmtap.correlation",
     "url_path_for_run": "llmtap.correlation",
-    "validate_rollout_id": "llmtap.store",
-    "with_model_sampling_segment": "llmtap.sampling",
+    "validate_rollout_id": "llmtap.correlation.ids",
+    "with_model_sampling_segment": "llmtap.correlation.sampling",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
@@ -104,16 +104,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         url_path_for_request,
         url_path_for_run,
     )
-    from .errors import CaptureRecordError, CollectError, ConfigError, InvalidRolloutIdError, LlmtapError, StoreError
-    from .exchange import Exchange
-    from .readers import aggregate_model_call_metrics, read_model_call_records, read_rollout_calls
-    from .records import ModelCallRecord
-    from .rollouts.attach import AttachOptions, attach_file, attach_rollout
-    from .rollouts.collect import collect_rollouts
-    from .rollouts.observations import AgentObservations, ObservationRecorder, join_model_call_observations
-    from .rollouts.terminal import TerminalAttribution, resolve_terminal
-    from .rollouts.trajectory import project_trajectory
-    from .sampling import (
+    from .correlation.ids import ROLLOUT_ID_PATTERN, validate_rollout_id
+    from .correlation.sampling import (
         MODEL_SAMPLING_HEADER,
         MODEL_SAMPLING_NULL,
         ModelCallSampling,
@@ -127,5 +119,14 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         model_sampling_path_segment,
         with_model_sampling_segment,
     )
+    from .errors import CaptureRecordError, CollectError, ConfigError, InvalidRolloutIdError, LlmtapError, StoreError
+    from .exchange import Exchange
+    from .records import ModelCallRecord
+    from .rollouts.attach import AttachOptions, attach_file, attach_rollout
+    from .rollouts.collect import collect_rollouts
+    from .rollouts.observations import AgentObservations, ObservationRecorder, join_model_call_observations
+    from .rollouts.terminal import TerminalAttribution, resolve_terminal
+    from .rollouts.trajectory import project_trajectory
     from .server.middleware import CaptureMiddleware
-    from .store import ROLLOUT_ID_PATTERN, AppendResult, CaptureStore, ReadResult, validate_rollout_id
+    from .store import AppendResult, CaptureStore, ReadResult
+    from .store.readers import aggregate_model_call_metrics, read_model_call_records, read_rollout_calls

@@ -59,7 +59,7 @@ class Capture(ContextDecorator):
     ) -> None:
         if runs_dir is not None and capture_dir is not None:
             raise ValueError("Pass runs_dir (a capsule per capture) or capture_dir (store files only), not both.")
-        from .store import validate_rollout_id
+        from .correlation.ids import validate_rollout_id
 
         self.runs_dir = Path(runs_dir) if runs_dir is not None else None
         self.capture_dir = Path(capture_dir) if capture_dir is not None else None
@@ -178,8 +178,8 @@ class Capture(ContextDecorator):
 
     def records(self, rollout_id: str | None = None) -> list[ModelCallRecord]:
         """The calls captured for `rollout_id` (default: the capture's default rollout)."""
-        from .readers import read_rollout_calls
         from .store import CaptureStore
+        from .store.readers import read_rollout_calls
 
         if self.session is not None and not self.session.closed:
             self.session.flush()
@@ -230,7 +230,7 @@ class rollout(ContextDecorator):  # noqa: N801 - reads as a function at the call
     """
 
     def __init__(self, rollout_id: str) -> None:
-        from .store import validate_rollout_id
+        from .correlation.ids import validate_rollout_id
 
         self.rollout_id = validate_rollout_id(rollout_id)
         self._blocks: list[Any] = []

@@ -21,8 +21,8 @@ from .agents.simple import ADD_TOOL
 from .correlation import base_url_for_run
 from .display import calls_table, metrics_line
 from .localmodel import LocalModelServer
-from .readers import aggregate_model_call_metrics, read_rollout_calls
 from .store import CaptureStore
+from .store.readers import aggregate_model_call_metrics, read_rollout_calls
 
 __all__ = ["AgentRun", "ServeProcess", "run_demo", "run_tool_agent"]
 

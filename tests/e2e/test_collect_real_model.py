@@ -17,11 +17,11 @@ import pytest
 from llmtap.agents.simple import SimpleAgentConfig, build_app
 from llmtap.dialects.history import request_items, response_items
 from llmtap.localmodel import LocalModelServer
-from llmtap.readers import read_rollout_calls
 from llmtap.records import ModelCallRecord
 from llmtap.rollouts.collect_files import attempts_path_for
 from llmtap.rollouts.trajectory import model_visible_history, model_visible_input
 from llmtap.store import CaptureStore
+from llmtap.store.readers import read_rollout_calls
 from tests.e2e.serve_harness import serving
 from tests.support.servers import ServerThread
 

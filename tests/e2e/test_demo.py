@@ -9,8 +9,8 @@ import pytest
 from rich.console import Console
 
 from llmtap.demo import run_demo
-from llmtap.readers import read_model_call_records
 from llmtap.store import CaptureStore
+from llmtap.store.readers import read_model_call_records
 
 pytestmark = pytest.mark.slow
 

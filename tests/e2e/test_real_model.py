@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from llmtap.localmodel import LocalModelServer
-from llmtap.readers import read_model_call_records
 from llmtap.store import CaptureStore
+from llmtap.store.readers import read_model_call_records
 from tests.e2e.serve_harness import serving
 from tests.support.servers import ServerThread
 

@@ -10,9 +10,9 @@ import httpx
 import openai
 import pytest
 
-from llmtap.readers import read_rollout_calls
 from llmtap.records import ModelCallRecord
 from llmtap.store import CaptureStore
+from llmtap.store.readers import read_rollout_calls
 from tests.e2e.serve_harness import serving
 from tests.support.faults import SET_COOKIE, FaultUpstream, refused_port
 

@@ -17,8 +17,8 @@ import httpx
 import openai
 import pytest
 
-from llmtap.readers import read_model_call_records
 from llmtap.store import CaptureStore
+from llmtap.store.readers import read_model_call_records
 from tests.e2e.serve_harness import serving
 from tests.fixtures import RecordedExchange, fixture
 from tests.support.replay import FIXTURE_HEADER, ReplayUpstream

@@ -20,8 +20,8 @@ from typing import Any
 import aiohttp
 
 from llmtap.errors import CaptureRecordError
-from llmtap.readers import read_rollout_calls
 from llmtap.store import CaptureStore
+from llmtap.store.readers import read_rollout_calls
 from tests.fixtures import fixture
 from tests.support.replay import FIXTURE_HEADER
 

@@ -14,9 +14,9 @@ import pytest
 
 from llmtap.dialects import DIALECTS
 from llmtap.exchange import Exchange
-from llmtap.readers import read_rollout_calls
 from llmtap.records import StreamTracker, raw_line_from_exchange
 from llmtap.store import CaptureStore
+from llmtap.store.readers import read_rollout_calls
 
 
 def nested(levels: int) -> bytes:

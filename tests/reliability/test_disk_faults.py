@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmtap.readers import read_rollout_calls
 from llmtap.store import CaptureStore
+from llmtap.store.readers import read_rollout_calls
 from tests.support.faults import FAULT_HEADER, FaultUpstream
 from tests.support.serve_process import ServeProcess
 

@@ -26,9 +26,9 @@ import httpx
 import openai
 import pytest
 
-from llmtap.readers import read_rollout_calls
 from llmtap.records import ModelCallRecord
 from llmtap.store import CaptureStore
+from llmtap.store.readers import read_rollout_calls
 from tests.support.faults import FAULT_HEADER, FaultUpstream, refused_port
 from tests.support.serve_process import ServeProcess
 

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmtap.readers import read_rollout_calls
 from llmtap.store import CaptureStore
+from llmtap.store.readers import read_rollout_calls
 from tests.reliability.fuzz_cases import (
     DIALECT_NAMES,
     SSE,

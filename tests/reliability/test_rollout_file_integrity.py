@@ -17,8 +17,8 @@ import orjson
 import pytest
 
 from llmtap.errors import CaptureRecordError
-from llmtap.readers import read_rollout_calls
 from llmtap.store import CaptureStore
+from llmtap.store.readers import read_rollout_calls
 from tests.support.faults import FAULT_HEADER, FaultUpstream
 from tests.support.serve_process import ServeProcess
 

@@ -18,7 +18,6 @@ import pytest
 
 from llmtap.errors import StoreError
 from llmtap.exchange import Exchange
-from llmtap.readers import read_rollout_calls
 from llmtap.records import aggregate_metrics, raw_line_from_exchange
 from llmtap.rollouts.attach import (
     CAPTURE_KEY,
@@ -30,6 +29,7 @@ from llmtap.rollouts.attach import (
 from llmtap.rollouts.observations import OBSERVATIONS_KEY, ObservationRecorder
 from llmtap.rollouts.trajectory import TRAJECTORY_KEY
 from llmtap.store import CaptureStore
+from llmtap.store.readers import read_rollout_calls
 from tests.fixtures import fixture
 
 TOOL_CALL = "chat/tool-call-gpt4o"

@@ -23,10 +23,10 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from llmtap.correlation import base_url_for_run
-from llmtap.readers import read_rollout_calls
 from llmtap.rollouts.collect import CollectError, CollectReport, collect_rollouts, collect_rollouts_async
 from llmtap.rollouts.collect_files import attempts_path_for
 from llmtap.store import CaptureStore
+from llmtap.store.readers import read_rollout_calls
 from tests.e2e.serve_harness import serving
 from tests.fixtures import fixture
 from tests.support.replay import FIXTURE_HEADER, ReplayUpstream

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from llmtap.readers import read_rollout_calls
 from llmtap.records import ModelCallRecord
 from llmtap.rollouts.observations import (
     JOIN_GAP_SOURCE,
@@ -22,6 +21,7 @@ from llmtap.rollouts.observations import (
     model_call_owners,
 )
 from llmtap.store import CaptureStore
+from llmtap.store.readers import read_rollout_calls
 from tests.rollouts.test_attach import POLICY, captured_line
 
 JUDGE = {"type": "responses_api_models", "name": "judge_model"}

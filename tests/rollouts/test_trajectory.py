@@ -20,7 +20,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmtap.dialects.history import item_fingerprint, request_items
-from llmtap.readers import read_rollout_calls
 from llmtap.records import ModelCallRecord
 from llmtap.rollouts.attach import attach_rollout
 from llmtap.rollouts.observations import OBSERVATIONS_KEY, AgentObservations, ObservationRecorder
@@ -33,6 +32,7 @@ from llmtap.rollouts.trajectory import (
 )
 from llmtap.rollouts.trajectory_merge import ProducerTrajectoryInvalid, merge_trajectory, untimed_tool_calls
 from llmtap.store import CaptureStore
+from llmtap.store.readers import read_rollout_calls
 from tests.dialects.test_history import JSON
 from tests.fixtures import RecordedExchange, all_fixtures, fixture
 from tests.rollouts.test_attach import POLICY, captured_line

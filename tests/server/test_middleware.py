@@ -9,12 +9,12 @@ from urllib.parse import unquote
 
 import pytest
 
+from llmtap.correlation.sampling import ModelCallSampling, encode_model_sampling
 from llmtap.health import CaptureHealth
-from llmtap.readers import read_model_call_records, read_rollout_calls
-from llmtap.sampling import ModelCallSampling, encode_model_sampling
 from llmtap.server.asgi import Receive, Scope, Send
 from llmtap.server.middleware import CaptureMiddleware
 from llmtap.store import CaptureStore
+from llmtap.store.readers import read_model_call_records, read_rollout_calls
 from tests.fixtures import fixture
 from tests.server.asgi_harness import call_app, http_scope, replaying_app, request_body
 

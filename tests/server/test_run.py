@@ -18,10 +18,10 @@ import pytest
 from click.testing import CliRunner
 
 from llmtap.cli.serve import serve
-from llmtap.readers import read_rollout_calls
 from llmtap.server import run
 from llmtap.server.run import raise_open_file_limit
 from llmtap.store import CaptureStore
+from llmtap.store.readers import read_rollout_calls
 from tests.support.faults import FaultUpstream
 from tests.support.servers import free_port, wait_for_http
 

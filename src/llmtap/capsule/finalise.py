@@ -20,7 +20,14 @@ from ..errors import LlmtapError
 from .envlock import env_lock, parse_interpreter_lines
 from .health import sum_process_health
 from .manifest import iso_time
-from .writer import CapsulePaths, directory_identity, read_regular_file, write_file_atomic, write_json_atomic, write_json_last
+from .writer import (
+    CapsulePaths,
+    directory_identity,
+    read_regular_file,
+    write_file_atomic,
+    write_json_atomic,
+    write_json_last,
+)
 
 __all__ = ["CaptureOutcome", "finalise_capsule"]
 

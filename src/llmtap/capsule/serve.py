@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..correlation.ids import ROLLOUT_PREFIX, validate_rollout_id
 from ..server.asgi import ASGIApp, Receive, Scope, Send
 from .finalise import CaptureOutcome, finalise_capsule
 from .manifest import start_manifest
@@ -22,23 +23,18 @@ from .writer import CapsulePaths, create_capsule
 
 __all__ = ["DefaultRolloutPrefix", "serve_into_capsule"]
 
-_PREFIX = "/ng-rollout/"
-
-
 class DefaultRolloutPrefix:
     """ASGI shim: gives un-prefixed dialect calls the `/ng-rollout/<default>` prefix."""
 
     def __init__(self, app: ASGIApp, *, rollout_id: str = "default") -> None:
-        from ..store import validate_rollout_id
-
         self.app = app
-        self.prefix = f"{_PREFIX}{validate_rollout_id(rollout_id)}"
+        self.prefix = f"{ROLLOUT_PREFIX}{validate_rollout_id(rollout_id)}"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         from ..dialects import dialect_for_path
 
         path = scope.get("path", "")
-        if scope["type"] == "http" and not path.startswith(_PREFIX) and dialect_for_path(path) is not None:
+        if scope["type"] == "http" and not path.startswith(ROLLOUT_PREFIX) and dialect_for_path(path) is not None:
             raw_path = scope.get("raw_path") or path.encode("utf-8")
             scope = {**scope, "path": self.prefix + path, "raw_path": self.prefix.encode("ascii") + raw_path}
         await self.app(scope, receive, send)

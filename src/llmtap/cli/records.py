@@ -12,8 +12,8 @@ from rich.table import Table
 
 from ..display import calls_table, format_value, metrics_line
 from ..errors import LlmtapError, UnsafeCaptureFileError
-from ..readers import aggregate_model_call_metrics, read_rollout_calls
 from ..store import CaptureStore
+from ..store.readers import aggregate_model_call_metrics, read_rollout_calls
 
 __all__ = ["records"]
 

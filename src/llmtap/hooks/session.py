@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 
 from ..capsule.spool import KIND_HEALTH, SpoolWriter, encode_frame, encode_meta
+from ..correlation.ids import MAX_ROLLOUT_ID_LENGTH, ROLLOUT_ID_PATTERN, ROLLOUT_PREFIX
 from ..exchange import Exchange, safe_headers
 from ..health import CaptureHealth
 from .registry import EndpointMatch, UrlRegistry
@@ -61,7 +62,6 @@ Durability = Literal["background", "call"]
 _CONTEXT_SESSION: ContextVar[CaptureSession | None] = ContextVar("llmtap_capture_session", default=None)
 _PROCESS_SESSION: CaptureSession | None = None
 _SESSIONS: weakref.WeakSet[CaptureSession] = weakref.WeakSet()
-_ROLLOUT_PREFIX = "/ng-rollout/"
 
 
 def active_session() -> CaptureSession | None:
@@ -97,19 +97,17 @@ def reset_session(token: Any) -> None:
 
 
 def _explicit_rollout_id() -> str | None:
-    # `llmtap.rollout()` and `rollout_context()` live in llmtap.correlation; if nobody imported
-    # it, nobody set a rollout, and the hot path never pays for importing it.
-    correlation = sys.modules.get("llmtap.correlation")
+    # `llmtap.rollout()` and `rollout_context()` live in llmtap.correlation.rollout; if nobody
+    # imported it, nobody set a rollout, and the hot path never pays for importing it.
+    correlation = sys.modules.get("llmtap.correlation.rollout")
     return correlation.current_rollout_id() if correlation is not None else None
 
 
 def _rollout_from_path(path: str) -> str | None:
-    if not path.startswith(_ROLLOUT_PREFIX):
+    if not path.startswith(ROLLOUT_PREFIX):
         return None
-    from ..store import ROLLOUT_ID_PATTERN
-
-    candidate = path[len(_ROLLOUT_PREFIX) :].split("/", 1)[0]
-    if len(candidate) <= 200 and ROLLOUT_ID_PATTERN.fullmatch(candidate):
+    candidate = path[len(ROLLOUT_PREFIX) :].split("/", 1)[0]
+    if len(candidate) <= MAX_ROLLOUT_ID_LENGTH and ROLLOUT_ID_PATTERN.fullmatch(candidate):
         return candidate
     return None
 

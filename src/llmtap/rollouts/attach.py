@@ -42,12 +42,12 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from llmtap._durable_files import replace_atomically
 from llmtap.correlation import rollout_id_from_run_body
 from llmtap.errors import StoreError
-from llmtap.readers import RolloutCalls, read_rollout_calls
 from llmtap.records import ModelCallRecord, aggregate_metrics
 from llmtap.store import CaptureStore
+from llmtap.store.durable import replace_atomically
+from llmtap.store.readers import RolloutCalls, read_rollout_calls
 
 from .observations import OBSERVATIONS_KEY, AgentObservations, join_model_call_observations
 from .terminal import resolve_terminal

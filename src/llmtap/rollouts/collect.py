@@ -46,9 +46,10 @@ from llmtap.correlation import (
     TASK_INDEX_KEY,
     rollout_id_from_run_body,
 )
+from llmtap.correlation.ids import validate_rollout_id
+from llmtap.correlation.sampling import MODEL_SAMPLING_KEY, ModelCallSampling
 from llmtap.errors import CollectError, StoreError
-from llmtap.sampling import MODEL_SAMPLING_KEY, ModelCallSampling
-from llmtap.store import CaptureStore, validate_rollout_id
+from llmtap.store import CaptureStore
 
 from .attach import AttachOptions, attach_rollout
 from .collect_files import (

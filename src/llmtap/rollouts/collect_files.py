@@ -31,7 +31,6 @@ from typing import Any
 
 import orjson
 
-from llmtap._durable_files import replace_atomically
 from llmtap.correlation import (
     ATTEMPT_INDEX_KEY,
     ROLLOUT_ID_KEY,
@@ -39,6 +38,7 @@ from llmtap.correlation import (
     TASK_INDEX_KEY,
     rollout_id_from_run_body,
 )
+from llmtap.store.durable import replace_atomically
 
 __all__ = [
     "COLLECT_ERROR_KEY",

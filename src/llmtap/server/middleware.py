@@ -26,12 +26,7 @@ from urllib.parse import quote, unquote
 import orjson
 
 from ..correlation import ROLLOUT_PREFIX, split_rollout_prefix
-from ..dialects import Dialect, dialect_for_path
-from ..errors import InvalidRolloutIdError
-from ..exchange import Exchange, new_model_call_id, safe_headers
-from ..health import HEALTH, CaptureHealth
-from ..records import StreamTracker, raw_line_from_exchange
-from ..sampling import (
+from ..correlation.sampling import (
     MODEL_SAMPLING_HEADER,
     MODEL_SAMPLING_PREFIX,
     ModelCallSampling,
@@ -40,6 +35,11 @@ from ..sampling import (
     resolve_sampling_segment,
     split_sampling_segment,
 )
+from ..dialects import Dialect, dialect_for_path
+from ..errors import InvalidRolloutIdError
+from ..exchange import Exchange, new_model_call_id, safe_headers
+from ..health import HEALTH, CaptureHealth
+from ..records import StreamTracker, raw_line_from_exchange
 from ..store import CaptureStore
 from .asgi import ASGIApp, Message, Receive, Scope, Send
 

@@ -21,8 +21,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
-from llmtap._durable_files import FILE_MODE, open_for_append, open_regular
 from llmtap.errors import StoreError
+from llmtap.store.durable import FILE_MODE, open_for_append, open_regular
 
 __all__ = ["DESCRIPTORS", "RolloutFileCache", "RolloutFiles", "SyncDescriptors"]
 

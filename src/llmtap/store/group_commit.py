@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar
 from llmtap.errors import StoreError
 
 if TYPE_CHECKING:
-    from llmtap.store import AppendResult
+    from llmtap.store.results import AppendResult
 
 __all__ = ["BatchedSyncs", "CommitThreads", "GroupCommitter", "PendingAppend", "settle"]
 

@@ -3,7 +3,7 @@
 A thread that syncs for an event loop must take the interpreter lock again after every fsync
 and every wake-up, and on a busy server each of those hand-offs stalls the loop: measured in
 `llmtap serve`, they were most of what capture cost (docs/benchmarks.md). A helper process
-(`_sync_worker`) syncs with its own interpreter, and the loop reads its acknowledgements like any
+(`sync_worker.py`) syncs with its own interpreter, and the loop reads its acknowledgements like any
 other socket, so the loop's process runs no thread for it at all.
 
 `submit` returns False whenever the helper cannot take a job (not started, gone, its pipe full,
@@ -24,16 +24,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from llmtap._durable_files import write_all
-from llmtap._rollout_files import DESCRIPTORS
-from llmtap._sync_worker import ACK, NEW_FILE, REQUEST
+from llmtap.store.durable import write_all
+from llmtap.store.rollout_files import DESCRIPTORS
+from llmtap.store.sync_worker import ACK, NEW_FILE, REQUEST
 
 __all__ = ["SyncOffload"]
 
 logger = logging.getLogger("llmtap.store")
 
 T = TypeVar("T")
-_WORKER = str(Path(__file__).with_name("_sync_worker.py"))
+_WORKER = str(Path(__file__).with_name("sync_worker.py"))
 _HELPER_EXIT_SECONDS = 30.0
 
 # (token, status): 0 durable, an errno if the sync failed, None if the helper is gone before

@@ -1,6 +1,6 @@
 """The sync helper process: fdatasyncs files another process wrote, and says when each is durable.
 
-Run as `python -I -S _sync_worker.py` by `_sync_offload.SyncOffload`, with requests on stdin and
+Run as `python -I -S sync_worker.py` by `sync_offload.SyncOffload`, with requests on stdin and
 acknowledgements on stdout; standard library only, so it starts in milliseconds. It exits once its
 stdin closes and every request is answered; stdin also closes when the process that started it
 dies. It runs in its own session, so a Ctrl-C meant for that process does not cut the syncs it

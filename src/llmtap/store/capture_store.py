@@ -13,17 +13,17 @@ so threads, processes and hosts sharing a POSIX directory never interleave or lo
 append returns only once its line is durable. Blocking appends are group-committed per rollout:
 the first appender with no commit in flight writes and syncs every queued line at once. An
 awaited append writes its line on the event loop when the rollout's locks are free (a page-cache
-write, microseconds) and leaves only the fdatasync to a sync helper process (`_sync_offload`) or
+write, microseconds) and leaves only the fdatasync to a sync helper process (`sync_offload`) or
 a helper thread, which syncs everything queued meanwhile as one batch; otherwise it joins the
 group commit. An append whose caller has nothing else in flight is synced on the loop itself
 while the disk is fast: a hand-off would only add two wake-ups. The batching and helper
-threads live in `_group_commit`, the descriptors kept open per rollout in `_rollout_files`, the
-write and sync steps in `_durable_files`; this module decides which file each line goes to.
+threads live in `group_commit`, the descriptors kept open per rollout in `rollout_files`, the
+write and sync steps in `durable`; this module decides which file each line goes to.
 
 The root is resolved once, at construction, and opened: every file is opened relative to that
 directory's descriptor, so a directory swapped in later under the same name never receives a
 line. Nothing is followed there: a capture file that is a symbolic link, FIFO, hard link or
-other special file is refused (`_durable_files.open_regular`), and the append fails as a counted,
+other special file is refused (`durable.open_regular`), and the append fails as a counted,
 logged capture failure that marks the rollout incomplete; the marker itself replaces whatever
 stood at its name, by rename. The marker keeps the number of failures, so `llmtap records
 status` in another process can report them (`ReadResult.capture_failures`).
@@ -40,23 +40,27 @@ import asyncio
 import atexit
 import errno
 import fcntl
-import functools
 import logging
 import os
-import re
 import stat
 import threading
 import time
 import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import orjson
 
-from llmtap._durable_files import (
+from llmtap.correlation.ids import MAX_ROLLOUT_ID_LENGTH, ROLLOUT_ID_PATTERN, validate_rollout_id
+from llmtap.errors import (
+    CaptureDirectoryError,
+    CaptureRecordError,
+    StoreError,
+    UnsafeCaptureFileError,
+)
+from llmtap.store.durable import (
     SAFE_FLAGS,
     append_lines_durably,
     append_whole,
@@ -66,24 +70,14 @@ from llmtap._durable_files import (
     sync_directory,
     write_all,
 )
-from llmtap._group_commit import BatchedSyncs, CommitThreads, GroupCommitter, PendingAppend, settle
-from llmtap._rollout_files import DESCRIPTORS, RolloutFileCache, RolloutFiles, SyncDescriptors
-from llmtap._sync_offload import SyncOffload
-from llmtap.errors import (
-    CaptureDirectoryError,
-    CaptureRecordError,
-    InvalidRolloutIdError,
-    StoreError,
-    UnsafeCaptureFileError,
-)
+from llmtap.store.group_commit import BatchedSyncs, CommitThreads, GroupCommitter, PendingAppend, settle
+from llmtap.store.results import AppendResult, ReadResult, append_result
+from llmtap.store.rollout_files import DESCRIPTORS, RolloutFileCache, RolloutFiles, SyncDescriptors
+from llmtap.store.sync_offload import SyncOffload
 
-__all__ = ["AppendResult", "CaptureStore", "ROLLOUT_ID_PATTERN", "ReadResult", "validate_rollout_id"]
+__all__ = ["CaptureStore"]
 
 logger = logging.getLogger(__name__)
-
-# Use fullmatch (or validate_rollout_id): with `match`, "$" would also accept a trailing newline.
-ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", re.ASCII)
-MAX_ROLLOUT_ID_LENGTH = 200  # the longest file name (id + ".capture.cleared.tmp") stays under 255
 
 DATA_SUFFIX = ".capture.jsonl"
 MARKER_SUFFIX = ".capture.incomplete"
@@ -95,72 +89,6 @@ _MARKER_READ_LIMIT = 65536  # a marker is a few dozen bytes; a bigger one is not
 _TURN_WAIT_SECONDS = 30.0  # how long close() waits for another thread's loop to write what it accepted
 
 _JSON_TYPE_NAMES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
-
-
-# Ids already found valid: every append checks its id, and a rollout makes many calls.
-_VALID_IDS: set[str] = set()
-_VALID_IDS_KEPT = 65536
-
-
-def validate_rollout_id(rollout_id: object) -> str:
-    """Return `rollout_id` if it is a safe file-name stem, else raise InvalidRolloutIdError.
-
-    The one id check in llmtap: ASCII letters, digits, '.', '_' and '-', starting with a letter or
-    digit, at most 200 characters. That rules out separators, "..", hidden files and spaces.
-    """
-    if type(rollout_id) is str and rollout_id in _VALID_IDS:
-        return rollout_id
-    if not isinstance(rollout_id, str):
-        raise InvalidRolloutIdError(rollout_id, f"it is a {type(rollout_id).__name__}, not a string")
-    if not rollout_id:
-        raise InvalidRolloutIdError(rollout_id, "it is empty")
-    if len(rollout_id) > MAX_ROLLOUT_ID_LENGTH:
-        raise InvalidRolloutIdError(rollout_id, f"it has {len(rollout_id)} characters, more than 200")
-    if ROLLOUT_ID_PATTERN.fullmatch(rollout_id) is None:
-        raise InvalidRolloutIdError(rollout_id)
-    if type(rollout_id) is str:
-        if len(_VALID_IDS) >= _VALID_IDS_KEPT:
-            _VALID_IDS.clear()
-        _VALID_IDS.add(rollout_id)
-    return rollout_id
-
-
-@dataclass(frozen=True)
-class AppendResult:
-    """Where a durable record landed; `late` when a clear() fence diverted it to the late file."""
-
-    path: Path
-    late: bool
-
-
-@functools.lru_cache(maxsize=4096)
-def _append_result(path: str, late: bool) -> AppendResult:
-    """Results are immutable, so appends to a busy rollout share one instead of building Paths."""
-    return AppendResult(Path(path), late)
-
-
-@dataclass(frozen=True)
-class ReadResult:
-    """Everything one read of a rollout's capture found, damage included.
-
-    `entries` pairs each valid record with its `call_index` (0-based position among non-blank
-    complete lines); `invalid_lines` holds the positions of damaged lines. `torn_tail` means the
-    file ends in an unterminated segment, which is not a line yet.
-    """
-
-    rollout_id: str
-    exists: bool
-    entries: list[tuple[int, dict[str, Any]]]
-    invalid_lines: list[int]
-    torn_tail: bool
-    incomplete: bool
-    late_writes: int
-    capture_failures: int = 0  # failed appends the incomplete marker counts (at least 1 when marked)
-
-    @property
-    def invalid_count(self) -> int:
-        """Number of damaged lines skipped."""
-        return len(self.invalid_lines)
 
 
 def _scan_lines(data: bytes) -> Iterator[tuple[int, int, dict[str, Any] | None, str]]:
@@ -277,7 +205,7 @@ class CaptureStore:
         """
         given = Path(os.fspath(root)).expanduser()
         self.root = Path(os.path.abspath(given)) if refuse_links else given.resolve()
-        # Awaited appends have their fdatasyncs done by a helper process (see `_sync_offload`);
+        # Awaited appends have their fdatasyncs done by a helper process (see `sync_offload`);
         # False keeps them on this process's helper threads.
         self._sync_process = sync_process
         self._directory = str(self.root)
@@ -559,7 +487,7 @@ class CaptureStore:
         results: list[AppendResult] = []
         for job in jobs:
             entries += job.entries
-            results += [_append_result(self._sibling(job.rollout_id, DATA_SUFFIX), False)] * len(job.entries)
+            results += [append_result(self._sibling(job.rollout_id, DATA_SUFFIX), False)] * len(job.entries)
         settle(entries, results)
 
     def _sync_batch(self, jobs: list[_SyncJob]) -> None:
@@ -624,11 +552,11 @@ class CaptureStore:
             if new_file:
                 sync_directory(self._dir_fd)
             sync_data(fd)
-            settle(current, [_append_result(self._sibling(rollout_id, DATA_SUFFIX), False)] * len(current))
+            settle(current, [append_result(self._sibling(rollout_id, DATA_SUFFIX), False)] * len(current))
         if late:
             path = self._sibling(rollout_id, LATE_SUFFIX)
             append_lines_durably(rollout_id + LATE_SUFFIX, self._dir_fd, [entry.line for entry in late])
-            settle(late, [_append_result(path, True)] * len(late))
+            settle(late, [append_result(path, True)] * len(late))
 
     def _current_data(self, rollout_id: str, files: RolloutFiles) -> tuple[float | None, os.stat_result | None]:
         """The clear() fence that applies now, and the open data file's status if it is still linked.

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from .errors import CaptureRecordError
-from .records import ModelCallRecord, aggregate_metrics
-from .store import CaptureStore
+from ..errors import CaptureRecordError
+from ..records import ModelCallRecord, aggregate_metrics
+from . import CaptureStore
 
 __all__ = ["RolloutCalls", "aggregate_model_call_metrics", "read_model_call_records", "read_rollout_calls"]
 

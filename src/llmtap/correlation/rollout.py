@@ -3,7 +3,7 @@
 An agent puts the prefix in front of every model call it makes for a rollout; the model server
 strips it before routing and files the call under that rollout. The id comes from the run body:
 an explicit `_ng_rollout_id`, else `{_ng_task_index}-{_ng_rollout_index}`, plus `-a<n>` for a
-retry attempt. Ids are checked with the store's one pattern (`llmtap.store.ROLLOUT_ID_PATTERN`),
+retry attempt. Ids are checked with the store's one pattern (`llmtap.correlation.ids.ROLLOUT_ID_PATTERN`),
 so an id accepted here is always one the store can file. Where the run body carries sampling
 values (`_ng_model_sampling`), the helpers add the `/ng-sampling/<segment>` after the prefix.
 
@@ -21,19 +21,19 @@ from typing import Any, NamedTuple, Optional, TypeAlias
 
 from pydantic import BaseModel
 
-from llmtap.errors import InvalidRolloutIdError
-from llmtap.sampling import (
+from llmtap.correlation.ids import ROLLOUT_ID_PATTERN, ROLLOUT_PREFIX, validate_rollout_id
+from llmtap.correlation.run_body import run_body_value
+from llmtap.correlation.sampling import (
     MODEL_SAMPLING_HEADER,
     MODEL_SAMPLING_PREFIX,
     encode_model_sampling,
     model_sampling_from_run_body,
     model_sampling_path_segment,
     resolve_sampling_segment,
-    run_body_value,
     split_sampling_segment,
     with_model_sampling_segment,
 )
-from llmtap.store import ROLLOUT_ID_PATTERN, validate_rollout_id
+from llmtap.errors import InvalidRolloutIdError
 
 __all__ = [
     "ATTEMPT_INDEX_KEY",
@@ -56,7 +56,6 @@ __all__ = [
     "url_path_for_run",
 ]
 
-ROLLOUT_PREFIX = "/ng-rollout/"
 ROLLOUT_ID_KEY = "_ng_rollout_id"
 TASK_INDEX_KEY = "_ng_task_index"
 ROLLOUT_INDEX_KEY = "_ng_rollout_index"

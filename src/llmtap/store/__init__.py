@@ -1,0 +1,19 @@
+"""The capture store: the only code that touches capture files.
+
+    capture_store.py   CaptureStore: append (group-committed, durable before release), read, clear
+    results.py         what an append or a read returns
+    rollout_files.py   each rollout's open descriptors, opened safely relative to the directory
+    group_commit.py    many appends sharing one fdatasync
+    sync_offload.py    fdatasync handed to a helper process, off the event loop
+    sync_worker.py     that helper process
+    durable.py         the one toolkit for safe opens, whole writes, fsyncs and atomic replaces
+    readers.py         tolerant and strict readers: records, metrics, a rollout's calls
+
+Files: `<rollout_id>.capture.jsonl`, append-only, one JSON object per line, with its lock,
+incomplete marker, clear fence and late file beside it (see capture_store.py).
+"""
+
+from llmtap.store.capture_store import CaptureStore
+from llmtap.store.results import AppendResult, ReadResult
+
+__all__ = ["AppendResult", "CaptureStore", "ReadResult"]
