@@ -25,8 +25,9 @@ __all__ = ["DEFAULT_MAX_DECODED_BYTES", "DecodedTooLarge", "UndecodableContent",
 # The default bound on a decoded body: far above any real model response, far below a bomb.
 DEFAULT_MAX_DECODED_BYTES = 64 * 1024 * 1024
 
-# How much compressed input each decoding step takes: small, so one step's output stays near its cap.
+# How much compressed input each decoding step takes, and the most output one step asks for.
 _STEP = 64 * 1024
+_OUTPUT_STEP = 1024 * 1024
 
 
 class UndecodableContent(LlmtapError, ValueError):
@@ -107,7 +108,8 @@ def _brotli(body: bytes, limit: int) -> bytes:
             chunk, position = view[position : position + _STEP], position + _STEP
         else:
             chunk = b""
-        out += decoder.process(chunk, output_buffer_limit=limit - len(out) + 1)
+        # Asked for little at a time: brotli may return up to twice the output limit it is given.
+        out += decoder.process(chunk, output_buffer_limit=min(_OUTPUT_STEP, limit - len(out) + 1))
         if len(out) > limit:
             raise DecodedTooLarge("br", limit)
     if not decoder.is_finished():
@@ -123,7 +125,7 @@ def _zstd(body: bytes, limit: int) -> bytes:
     # A stream reader yields at most what is asked for, whatever the frame header claims.
     with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body), read_across_frames=True) as reader:
         while True:
-            piece = reader.read(min(_STEP * 16, limit - len(out) + 1))
+            piece = reader.read(min(_OUTPUT_STEP, limit - len(out) + 1))
             if not piece:
                 break
             out += piece

@@ -60,10 +60,11 @@ __all__ = ["EXCHANGE_SCOPE_KEY", "CaptureMiddleware"]
 # say why it answered for an upstream it could not reach, or which upstream served the call.
 EXCHANGE_SCOPE_KEY = "llmtap.exchange"
 
-# Past this many body bytes (request and response), or this many compressed response bytes, a
-# record is built on a helper thread: parsing and decoding it would hold every other call up.
+# Past this many body bytes (request and response), or when a compressed response decodes to
+# more than this, a record is built on a helper thread: parsing or decoding it there would hold
+# every other call up. A few compressed bytes can decode to the whole limit, so a compressed body
+# is first decoded on the loop only this far.
 _OFFLOAD_BYTES = 1024 * 1024
-_OFFLOAD_ENCODED_BYTES = 8 * 1024
 
 # Two threads at most: a bound on how many large records are decoded in memory at once.
 _RECORD_BUILDERS: ThreadPoolExecutor | None = None
@@ -397,10 +398,14 @@ class _CapturedCall:
         exchange = self.exchange
         exchange.finish()  # the call ended now, not when a helper thread gets to it
         limit = self.owner.max_decoded_body_bytes
-        encoded = bool(exchange.response_headers.get("content-encoding"))
-        size = len(exchange.request_body) + self.body_length
-        if size < _OFFLOAD_BYTES and not (encoded and self.body_length >= _OFFLOAD_ENCODED_BYTES):
-            return raw_line_from_exchange(exchange, dialect=self.dialect, tracker=self.tracker, max_decoded_bytes=limit)
+        if len(exchange.request_body) + self.body_length < _OFFLOAD_BYTES:
+            inline_limit = min(limit, _OFFLOAD_BYTES)
+            line = raw_line_from_exchange(
+                exchange, dialect=self.dialect, tracker=self.tracker, max_decoded_bytes=inline_limit
+            )
+            gap = line.get("response_decoding")
+            if inline_limit == limit or gap is None or gap["reason"] != "decoded_size_limit":
+                return line
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             _record_builders(),
