@@ -14,6 +14,7 @@ import uvicorn
 
 from ..health import HEALTH
 from .asgi import ASGIApp
+from .capture_dir import check_capture_dir
 from .config import ServeConfig
 from .header_guard import configure_header_guard, guarded_protocol_path
 from .proxy import build_app
@@ -153,7 +154,13 @@ def prepare_server_process() -> None:
 
 
 def run_server(config: ServeConfig) -> None:
-    """Serve until interrupted, printing where it listens and where it captures."""
+    """Serve until interrupted, printing where it listens and where it captures.
+
+    An unwritable capture directory is refused first (`ConfigError`), before anything is printed
+    or bound: a server that could record nothing must not look as if it records.
+    """
+    if config.observability_enabled and config.model_call_capture_dir is not None:
+        check_capture_dir(config.model_call_capture_dir)
     prepare_server_process()
     capture = config.model_call_capture_dir if config.observability_enabled else "off"
     upstreams = ", ".join(f"{name}={u.shown_base_url}" for name, u in config.upstreams.items())
