@@ -64,14 +64,17 @@ class _GuardMixin:
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        waiting = self.cycle is None or self.cycle.response_complete
-        if waiting:
-            if self._head_timer is None:
-                self._arm()
-            self._head_bytes += len(data)
-            if self._head_bytes > HeaderGuard.max_head_bytes:
-                self._refuse(_TOO_LARGE_ANSWER, "request_head_too_large")
-                return
+        if not (self.cycle is None or self.cycle.response_complete):
+            super().data_received(data)  # type: ignore[misc]
+            return  # a request is being served: its body is not the guard's business
+        if self._head_timer is None:
+            self._arm()
+        # Sized before it is parsed: what follows the blank line that ends the head is body.
+        end = data.find(b"\r\n\r\n")
+        self._head_bytes += len(data) if end < 0 else end + 4
+        if self._head_bytes > HeaderGuard.max_head_bytes:
+            self._refuse(_TOO_LARGE_ANSWER, "request_head_too_large")
+            return
         before = self.cycle
         super().data_received(data)  # type: ignore[misc]
         if self.cycle is not before:  # the head is complete: the request is being served
