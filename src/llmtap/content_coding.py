@@ -81,14 +81,17 @@ def _decode_one(body: bytes, coding: str, limit: int) -> bytes:
 def _zlib(body: bytes, wbits: int, coding: str, limit: int) -> bytes:
     decoder = zlib.decompressobj(wbits)
     out = bytearray()
-    pending = memoryview(body)
-    while pending and not decoder.eof:
-        room = limit - len(out)
-        # Ask for one byte more than the room left: getting it proves the body is over the limit.
-        out += decoder.decompress(pending, room + 1)
+    pending: bytes | memoryview = memoryview(body)
+    while not decoder.eof:
+        # At most a step, and one byte more than the room left: getting it proves the body too large.
+        step = min(_OUTPUT_STEP, limit - len(out) + 1)
+        piece = decoder.decompress(pending, step)
+        out += piece
         if len(out) > limit:
             raise DecodedTooLarge(coding, limit)
-        pending = memoryview(decoder.unconsumed_tail)
+        pending = decoder.unconsumed_tail
+        if not pending and len(piece) < step:
+            break  # the input is used up and no output is held back: a body cut short ends here
     return bytes(out)
 
 

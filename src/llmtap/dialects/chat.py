@@ -440,8 +440,12 @@ class ChatStreamAssembler:
         """
         if self.terminal is not None:
             return True
-        choices = self._choices
-        return bool(choices) and all(choice.finish_reason is not None for choice in choices.values())
+        if not self._choices:
+            return False
+        for choice in self._choices.values():  # nearly always one: a plain loop, no generator
+            if choice.finish_reason is None:
+                return False
+        return True
 
     def take_raw(self, chunk: bytes) -> bool:
         """Apply a whole chunk of the stream, undecoded, when it is one plain token event that

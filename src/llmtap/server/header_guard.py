@@ -15,7 +15,8 @@ path, so `--workers` processes find it too); `configure_header_guard` sets them 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 

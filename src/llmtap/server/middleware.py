@@ -379,7 +379,9 @@ class _CapturedCall:
         store = self.owner.store
         assert store is not None and self.exchange.rollout_id is not None
         try:
-            line = await self._build_line()
+            line = self._build_line_here()
+            if line is None:
+                line = await self._build_line_off_loop()
         except Exception as exc:
             self.owner.health.failure("record_build_failed", "asgi", exc)
             store.mark_incomplete(self.exchange.rollout_id, "record_build_failed")
@@ -393,19 +395,23 @@ class _CapturedCall:
         self.owner.health.observe_sync(time.perf_counter() - handed_over)
         self.owner.health.count("records_written")
 
-    async def _build_line(self) -> dict[str, Any]:
-        """Build the record, on a helper thread when its bodies are large or compressed."""
+    def _build_line_here(self) -> dict[str, Any] | None:
+        """Build the record on the loop when it is small; None when it must be built off the loop."""
         exchange = self.exchange
         exchange.finish()  # the call ended now, not when a helper thread gets to it
+        if len(exchange.request_body) + self.body_length >= _OFFLOAD_BYTES:
+            return None
         limit = self.owner.max_decoded_body_bytes
-        if len(exchange.request_body) + self.body_length < _OFFLOAD_BYTES:
-            inline_limit = min(limit, _OFFLOAD_BYTES)
-            line = raw_line_from_exchange(
-                exchange, dialect=self.dialect, tracker=self.tracker, max_decoded_bytes=inline_limit
-            )
-            gap = line.get("response_decoding")
-            if inline_limit == limit or gap is None or gap["reason"] != "decoded_size_limit":
-                return line
+        inline_limit = limit if limit < _OFFLOAD_BYTES else _OFFLOAD_BYTES
+        line = raw_line_from_exchange(exchange, dialect=self.dialect, tracker=self.tracker, max_decoded_bytes=inline_limit)
+        gap = line.get("response_decoding")
+        if gap is not None and inline_limit < limit and gap["reason"] == "decoded_size_limit":
+            return None  # a small compressed body that decodes past a MiB: decoded again, in full, off the loop
+        return line
+
+    async def _build_line_off_loop(self) -> dict[str, Any]:
+        """Build the record on a record-builder thread (large bodies, or a compressed one that grows)."""
+        exchange, limit = self.exchange, self.owner.max_decoded_body_bytes
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             _record_builders(),
