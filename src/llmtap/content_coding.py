@@ -105,6 +105,7 @@ def _brotli(body: bytes, limit: int) -> bytes:
     view = memoryview(body)
     position = 0
     while not decoder.is_finished():
+        chunk: bytes | memoryview
         if decoder.can_accept_more_data():
             if position >= len(view):
                 break  # input ended before the stream did: a truncated body

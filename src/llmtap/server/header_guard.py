@@ -15,6 +15,7 @@ path, so `--workers` processes find it too); `configure_header_guard` sets them 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -60,7 +61,7 @@ class _GuardMixin:
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self._arm()
 
@@ -110,23 +111,20 @@ class _GuardMixin:
             HeaderGuard.on_refused(reason)
 
 
-class GuardedH11Protocol(_GuardMixin, H11Protocol):
+class GuardedH11Protocol(_GuardMixin, H11Protocol):  # type: ignore[misc]
     """uvicorn's h11 protocol with the head deadline and size bound."""
 
 
-try:
+_HAS_HTTPTOOLS = importlib.util.find_spec("httptools") is not None
+
+if _HAS_HTTPTOOLS:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-except ImportError:  # httptools not installed: the h11 protocol serves
-    HttpToolsProtocol = None
 
-
-if HttpToolsProtocol is not None:
-
-    class GuardedHttpToolsProtocol(_GuardMixin, HttpToolsProtocol):  # type: ignore[misc, valid-type]
+    class GuardedHttpToolsProtocol(_GuardMixin, HttpToolsProtocol):  # type: ignore[misc]
         """uvicorn's httptools protocol with the head deadline and size bound."""
 
 
 def guarded_protocol_path() -> str:
     """The import path of the guarded protocol to serve with: httptools' when it is installed, else h11's."""
-    name = "GuardedHttpToolsProtocol" if HttpToolsProtocol is not None else "GuardedH11Protocol"
+    name = "GuardedHttpToolsProtocol" if _HAS_HTTPTOOLS else "GuardedH11Protocol"
     return f"{__name__}:{name}"
