@@ -17,8 +17,9 @@ capture-off is taken per round, and the median of the rounds is reported.
 Chunk hold: the upstream writes each SSE event as its own chunk, after an SSE comment line
 `: llmtap-bench seq=<i> sent_ns=<CLOCK_MONOTONIC>` (SSE parsers ignore comments). The client reads
 the same clock on arrival: transit = arrival - sent. The proxy's hold is proxied transit minus
-direct transit (p50, p99, max). The terminal event (`[DONE]`, found by llmtap's StreamTracker) is
-held by design until the record is fsynced, so it is reported apart from the streamed events.
+direct transit (p50, p99, max). From the event at which the client holds the complete answer (the
+chat `finish_reason`, found by llmtap's StreamTracker) to `[DONE]`, events are held by design until
+the record is fsynced, so they are reported apart from the streamed events (the `[DONE]` columns).
 Every response is checked byte for byte against the fixture (stamps removed), and the records on
 disk are counted against the calls that went through capture.
 
@@ -99,7 +100,7 @@ class Fixture:
 
 
 def terminal_event_index(fixture: Fixture) -> int:
-    """Index of the event llmtap's own stream tracker calls terminal: the one held for durability."""
+    """Index of the first event llmtap's own stream tracker holds for durability (the one completing the answer)."""
     from llmtap.dialects import dialect_for_path
     from llmtap.records import StreamTracker
 

@@ -8,7 +8,16 @@ import uuid
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmtap.exchange import SECRET_HEADERS, header_name, new_model_call_id, safe_headers
+from llmtap.exchange import (
+    CREDENTIAL_WORDS,
+    SAFE_HEADER_NAMES,
+    SAFE_HEADER_PREFIXES,
+    SECRET_HEADERS,
+    header_name,
+    is_credential_header,
+    new_model_call_id,
+    safe_headers,
+)
 
 
 def test_model_call_ids_are_uuid4_hex_and_do_not_repeat() -> None:
@@ -55,7 +64,51 @@ def test_header_filtering_decides_a_name_the_same_way_the_first_time_and_every_t
     assert first == again
     for raw_name, _ in headers:
         text = (raw_name.decode("latin-1") if isinstance(raw_name, bytes) else raw_name).lower()
-        credential = text in SECRET_HEADERS or "token" in text or text.endswith("-key")
+        credential = is_credential_header(text)
         assert header_name(raw_name) == (None if credential else text)
         if isinstance(raw_name, bytes):  # unhashable, so never cached: decided the same way
             assert header_name(bytearray(raw_name)) == header_name(raw_name)
+
+
+def test_headers_shaped_like_credentials_never_reach_the_record_whatever_their_exact_name() -> None:
+    raw = [
+        (b"apikey", b"k1"), (b"X-Auth", b"k2"), (b"x-amz-security-token", b"k3"), (b"X-Client-Secret", b"k4"),
+        (b"x-db-password", b"k5"), (b"x-session-id", b"k6"), (b"Cookie2", b"k7"), (b"x-my-credential", b"k8"),
+        (b"Proxy-Authenticate", b"k9"), (b"X-Subscription-Key", b"k10"),
+        (b"x-ratelimit-remaining-tokens", b"99"), (b"anthropic-ratelimit-output-tokens-remaining", b"7"),
+        (b"anthropic-version", b"2023-06-01"), (b"openai-processing-ms", b"12"), (b"x-request-id", b"r"),
+    ]
+    assert safe_headers(raw) == {
+        "x-ratelimit-remaining-tokens": "99",
+        "anthropic-ratelimit-output-tokens-remaining": "7",
+        "anthropic-version": "2023-06-01",
+        "openai-processing-ms": "12",
+        "x-request-id": "r",
+    }
+
+
+_NAME_CHARS = st.sampled_from("abcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+@given(
+    before=st.text(_NAME_CHARS, max_size=12),
+    word=st.sampled_from(CREDENTIAL_WORDS),
+    after=st.text(_NAME_CHARS, max_size=12),
+    upper=st.booleans(),
+)
+def test_any_name_holding_a_credential_word_is_dropped_unless_it_is_a_known_safe_one(
+    before: str, word: str, after: str, upper: bool
+) -> None:
+    name = before + word + after
+    wire = name.upper() if upper else name
+    safe = name in SAFE_HEADER_NAMES or name.startswith(SAFE_HEADER_PREFIXES)
+    assert (safe_headers([(wire.encode(), b"secret-value")]) == {name: "secret-value"}) is safe
+    assert header_name(wire.encode()) == (name if safe else None)
+
+
+@given(st.text(_NAME_CHARS, min_size=1, max_size=24))
+def test_a_name_without_a_credential_word_is_kept_with_its_value(name: str) -> None:
+    if any(word in name for word in CREDENTIAL_WORDS) or name in SECRET_HEADERS:
+        assert safe_headers([(name.encode(), b"v")]) == {} or name.startswith(SAFE_HEADER_PREFIXES)
+    else:
+        assert safe_headers([(name.encode(), b"v")]) == {name: "v"}

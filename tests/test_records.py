@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import llmtap.content_coding as content_coding
 import llmtap.records as records_module
 from llmtap.dialects import get_dialect
 from llmtap.exchange import Exchange
@@ -238,7 +239,7 @@ def test_brotli_and_zstd_responses_are_decoded_for_the_record(coding: str) -> No
 
 
 def test_a_coding_that_cannot_be_decoded_keeps_the_raw_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(records_module, "_optional_module", lambda name: None)  # brotli not installed
+    monkeypatch.setattr(content_coding, "_optional_module", lambda name: None)  # brotli not installed
     exchange = _bare_exchange()
     exchange.status_code = 200
     exchange.response_headers = {"content-type": "application/json", "content-encoding": "br"}
@@ -246,6 +247,7 @@ def test_a_coding_that_cannot_be_decoded_keeps_the_raw_bytes(monkeypatch: pytest
     line = raw_line_from_exchange(exchange)
     assert decode_raw_field(line, "response_raw") == b"\x8b\x02\x80{}\x03"
     assert line["error_category"] == "capture_parse_error"
+    assert line["response_decoding"]["reason"] == "undecodable" and line["response_decoding"]["decoded"] is False
     exchange.response_headers["content-encoding"] = "zstd"
     monkeypatch.undo()
     assert raw_line_from_exchange(exchange)["error_category"] == "capture_parse_error"  # corrupt: not raised

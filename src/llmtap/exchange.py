@@ -13,10 +13,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Exchange", "SECRET_HEADERS", "header_name", "new_model_call_id", "safe_headers"]
+__all__ = [
+    "CREDENTIAL_WORDS",
+    "Exchange",
+    "SAFE_HEADER_NAMES",
+    "SAFE_HEADER_PREFIXES",
+    "SECRET_HEADERS",
+    "header_name",
+    "is_credential_header",
+    "new_model_call_id",
+    "safe_headers",
+]
 
-# Header names whose values are credentials. They are dropped at the Exchange, so no later stage
-# can persist them by mistake (principle 6).
+# Header names whose values are credentials or identify an account, whatever their shape. They are
+# dropped at the Exchange, so no later stage can persist them by mistake (principle 6).
 SECRET_HEADERS = frozenset(
     {
         "authorization",
@@ -31,6 +41,29 @@ SECRET_HEADERS = frozenset(
         "anthropic-admin-api-key",
     }
 )
+
+# A header whose name contains one of these words is taken for a credential (`apikey`, `x-auth`,
+# `x-session-id`, `x-amz-security-token`...): a list of names would always miss the next one.
+CREDENTIAL_WORDS = ("key", "token", "auth", "secret", "password", "passwd", "cookie", "session", "credential")
+
+# Known names that contain such a word but carry no secret: rate limits and token counts, and the
+# API version headers. Kept because they explain a call (why it was throttled, what it cost).
+SAFE_HEADER_NAMES = frozenset({"anthropic-version", "openai-version", "openai-processing-ms"})
+SAFE_HEADER_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "ratelimit-")
+
+
+def is_credential_header(name: str) -> bool:
+    """True when a lower-cased header name is, by its name or its shape, a credential: never recorded.
+
+    The rule: a name in `SECRET_HEADERS`, or one containing any of `CREDENTIAL_WORDS`, unless it
+    is in `SAFE_HEADER_NAMES` or starts with one of `SAFE_HEADER_PREFIXES`. It decides only what
+    is recorded: what is forwarded upstream or to the client is never changed by it.
+    """
+    if name in SECRET_HEADERS:
+        return True
+    if name in SAFE_HEADER_NAMES or name.startswith(SAFE_HEADER_PREFIXES):
+        return False
+    return any(word in name for word in CREDENTIAL_WORDS)
 
 
 _UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
@@ -65,14 +98,14 @@ def header_name(raw_name: Any) -> str | None:
         return known  # type: ignore[return-value]
     name = raw_name.decode("latin-1") if isinstance(raw_name, (bytes, bytearray)) else str(raw_name)
     name = name.lower()
-    decided = None if name in SECRET_HEADERS or "token" in name or name.endswith("-key") else name
+    decided = None if is_credential_header(name) else name
     if len(_HEADER_NAMES) < _HEADER_NAMES_KEPT and isinstance(raw_name, (bytes, str)):
         _HEADER_NAMES[raw_name] = decided
     return decided
 
 
 def safe_headers(headers: Mapping[str, str] | list[tuple[bytes, bytes]] | None) -> dict[str, str]:
-    """Return headers with lower-cased names and every credential header removed."""
+    """Return headers with lower-cased names and every credential header removed (`is_credential_header`)."""
     result: dict[str, str] = {}
     if not headers:
         return result

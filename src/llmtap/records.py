@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
-import importlib
 import math
-import zlib
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Mapping
 
 import orjson
 
+from .content_coding import DEFAULT_MAX_DECODED_BYTES, DecodedTooLarge, UndecodableContent, decode_content
 from .dialects import DIALECTS, Dialect, Normalized, dialect_for_path
 from .dialects.base import writable_json
 from .dialects.sse import SSEDecoder
@@ -107,57 +105,6 @@ def status_from_exception(exc: BaseException) -> int | None:
     return None
 
 
-def _decode_content(body: bytes, encoding: str) -> bytes:
-    """Undo a response's content codings, last applied first (`gzip, br` was gzipped, then brotli'd).
-
-    httpx and aiohttp ask for `br` and `zstd` as soon as brotli or zstandard is installed, so
-    those are decoded when the same module is there; otherwise ValueError, and the record keeps
-    the raw bytes.
-    """
-    if not encoding:  # nearly every response
-        return body
-    for coding in reversed([part.strip().lower() for part in encoding.split(",")]):
-        if body and coding not in ("", "identity"):
-            body = _decode_one(body, coding)
-    return body
-
-
-def _decode_one(body: bytes, coding: str) -> bytes:
-    if coding in ("gzip", "x-gzip"):
-        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(body)
-    if coding == "deflate":
-        try:
-            return zlib.decompress(body)
-        except zlib.error:
-            return zlib.decompress(body, -zlib.MAX_WBITS)
-    decompress = _optional_decompressor(coding)
-    if decompress is None:
-        raise ValueError(f"unsupported content-encoding {coding!r}")
-    try:
-        return bytes(decompress(body))
-    except Exception as exc:  # each library has its own error type
-        raise ValueError(f"{coding} body could not be decoded ({type(exc).__name__})") from exc
-
-
-def _optional_decompressor(coding: str) -> Callable[[bytes], Any] | None:
-    """br or zstd decompression, from whichever module is installed; None without one."""
-    if coding == "br":
-        brotli = _optional_module("brotli") or _optional_module("brotlicffi")
-        return None if brotli is None else brotli.decompress
-    if coding == "zstd":
-        zstandard = _optional_module("zstandard")
-        return None if zstandard is None else zstandard.ZstdDecompressor().decompressobj().decompress
-    return None
-
-
-@functools.cache  # a module that is not installed would otherwise be searched for on every response
-def _optional_module(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
-
-
 def _text_fields(name: str, body: bytes) -> dict[str, str]:
     """Return `{name: text}`, or `{name_base64: ...}` when the bytes are not UTF-8, so nothing is lost."""
     try:
@@ -175,13 +122,14 @@ class _StreamOutcome:
 
 class StreamTracker:
     """Follows a stream through its dialect as chunks pass, so a capture point knows when the
-    terminal event has gone by (and must hold what follows until the record is durable).
+    client holds the complete answer (a chat choice's `finish_reason`, a Messages stop reason, a
+    Responses terminal event) and must hold that chunk and what follows until the record is durable.
 
     Never raises: a dialect failure marks the tracker `broken`, and the record is then rebuilt
     from the stored bytes instead.
     """
 
-    __slots__ = ("_decoder", "_assembler", "broken", "_outcome", "_take_raw")
+    __slots__ = ("_decoder", "_assembler", "broken", "_outcome", "_take_raw", "_answered")
 
     def __init__(self, dialect: Dialect) -> None:
         self._decoder = SSEDecoder()
@@ -190,6 +138,7 @@ class StreamTracker:
         self._outcome: _StreamOutcome | None = None
         # An assembler that can read a plain token chunk without SSE decoding (see `token_template`).
         self._take_raw: Callable[[bytes], bool] | None = getattr(self._assembler, "take_raw", None)
+        self._answered = False  # once the answer is complete, it stays so (chunks after it are held too)
 
     @property
     def terminal(self) -> str | None:
@@ -197,18 +146,20 @@ class StreamTracker:
         return None if self.broken else self._assembler.terminal
 
     def feed(self, chunk: bytes) -> bool:
-        """Take one chunk; return True once the terminal event has been seen."""
+        """Take one chunk; return True once the answer is complete (or the terminal event has been seen)."""
         if self.broken or self._outcome is not None:
             return self.terminal is not None
         try:
             if self._take_raw is not None and self._decoder.at_event_boundary and self._take_raw(chunk):
-                return self._assembler.terminal is not None
+                return self._answered  # a plain token event: never the one that completes the answer
             for event in self._decoder.feed(chunk):
                 self._assembler.feed(event)
+            if not self._answered:
+                self._answered = self._assembler.answered
+            return self._answered
         except Exception:
             self.broken = True
             return False
-        return self._assembler.terminal is not None
 
     def outcome(self) -> _StreamOutcome | None:
         """Close the stream and return what was reassembled, or None when the tracker broke."""
@@ -233,7 +184,11 @@ def _reassemble(dialect: Dialect, chunks: Iterable[bytes]) -> _StreamOutcome:
 
 
 def raw_line_from_exchange(
-    exchange: Exchange, *, dialect: Dialect | None = None, tracker: StreamTracker | None = None
+    exchange: Exchange,
+    *,
+    dialect: Dialect | None = None,
+    tracker: StreamTracker | None = None,
+    max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
 ) -> dict[str, Any]:
     """Build the persisted line for one finished call.
 
@@ -241,6 +196,11 @@ def raw_line_from_exchange(
     `stream_truncated` for streams, `request_raw`/`response_raw` where a body is not a JSON object
     or is a stream, and a few optional fields (`provider`, `rollout_id`, `http`, `sampling`,
     `exception_type`). Parsing problems become `capture_parse_error`, never an exception.
+
+    A compressed response is decoded to at most `max_decoded_bytes`; past that (or when it cannot
+    be decoded at all) the line keeps the raw bytes and says why in `response_decoding`:
+    `{"content_encoding", "decoded": false, "reason": "decoded_size_limit" | "undecodable",
+    "limit_bytes"}`. This is pure CPU: a capture point calls it off its event loop for a large body.
     """
     exchange.finish()
     dialect = dialect or dialect_for_path(exchange.path, exact=False)
@@ -259,7 +219,7 @@ def raw_line_from_exchange(
         "response": None,
     }
     _read_request(exchange, line)
-    parse_failed, terminal, is_stream = _read_response(exchange, dialect, line, tracker)
+    parse_failed, terminal, is_stream = _read_response(exchange, dialect, line, tracker, max_decoded_bytes)
     line["error_category"] = _categorize(exchange, line, parse_failed, terminal, is_stream)
     if is_stream:
         line["stream"] = True
@@ -289,15 +249,25 @@ def _read_request(exchange: Exchange, line: dict[str, Any]) -> None:
 
 
 def _read_response(
-    exchange: Exchange, dialect: Dialect | None, line: dict[str, Any], tracker: StreamTracker | None
+    exchange: Exchange,
+    dialect: Dialect | None,
+    line: dict[str, Any],
+    tracker: StreamTracker | None,
+    max_decoded_bytes: int,
 ) -> tuple[bool, str | None, bool]:
     """Fill `response`/`response_raw`; return (parse failed, stream terminal, is stream)."""
     raw = exchange.response_body
     encoding = exchange.response_headers.get("content-encoding", "")
     try:
-        body = _decode_content(raw, encoding)
-    except (ValueError, zlib.error):
+        body = decode_content(raw, encoding, limit=max_decoded_bytes)
+    except UndecodableContent as exc:
         line.update(_text_fields("response_raw", raw))
+        line["response_decoding"] = {
+            "content_encoding": encoding,
+            "decoded": False,
+            "reason": "decoded_size_limit" if isinstance(exc, DecodedTooLarge) else "undecodable",
+            "limit_bytes": max_decoded_bytes,
+        }
         return bool(raw), None, exchange.is_stream
     if exchange.is_stream:
         line.update(_text_fields("response_raw", body))

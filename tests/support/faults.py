@@ -18,6 +18,10 @@ or, for a path without that prefix, by the header `x-fault: <fault>`. The faults
 |                       | body unfinished                                                               |
 | `stall-first-<s>`     | waits `s` seconds (a decimal) before the first byte, then the normal answer   |
 | `stall-between-<s>`   | the normal answer with `s` seconds between pieces                             |
+| `stall-last-<s>`      | the normal answer with `s` seconds before its last piece (a stream's `[DONE]`, |
+|                       | `message_stop` or `response.completed`): the answer is in, its end is not      |
+| `bomb-<coding>-<mib>` | 200 `application/json` with `content-encoding: <coding>` (gzip, deflate, br,  |
+|                       | zstd) whose body decodes to `<mib>` MiB of zeros: a decompression bomb         |
 | `no-terminal`         | 200 SSE: the stream recording without its last event (`[DONE]`,              |
 |                       | `response.completed`, `message_stop`), ended cleanly                          |
 | `not-json`            | 200 `application/json` whose body is not JSON                                 |
@@ -43,11 +47,13 @@ a raw asyncio server (so it can reset a connection), run on its own loop in a da
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import socket
 import struct
 import threading
+import zlib
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -62,8 +68,10 @@ __all__ = [
     "Fault",
     "FaultUpstream",
     "ReceivedFault",
+    "bomb",
     "parse_fault",
     "refused_port",
+    "send_head_slowly",
     "sse_events",
 ]
 
@@ -87,7 +95,8 @@ _FAULT_SPEC = re.compile(
     r"^(?:(?P<plain>ok|no-terminal|not-json|set-cookie|stale-keep-alive)"
     r"|status-(?P<status>[1-5]\d\d)"
     r"|(?P<cut>reset|close)-after-(?P<count>\d+)"
-    r"|stall-(?P<stall>first|between)-(?P<seconds>\d+(?:\.\d+)?))$"
+    r"|stall-(?P<stall>first|between|last)-(?P<seconds>\d+(?:\.\d+)?)"
+    r"|bomb-(?P<coding>gzip|deflate|br|zstd)-(?P<mib>\d+))$"
 )
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 _JSON_PIECES = 4
@@ -132,6 +141,8 @@ def parse_fault(spec: str) -> Fault:
         return Fault("status", int(found["status"]))
     if found["cut"]:
         return Fault(f"{found['cut']}-after", int(found["count"]))
+    if found["coding"]:
+        return Fault(f"bomb-{found['coding']}", int(found["mib"]))
     return Fault(f"stall-{found['stall']}", float(found["seconds"]))
 
 
@@ -162,6 +173,7 @@ class _Answer:
     content_type: str
     pieces: list[bytes]
     is_stream: bool
+    encoding: str | None = None
 
 
 class FaultUpstream(StopsOnExit):
@@ -291,13 +303,13 @@ class FaultUpstream(StopsOnExit):
         length = None if answer.is_stream else sum(len(piece) for piece in answer.pieces)
         writer.write(
             _head(answer.status, answer.content_type, length, cookie=fault.kind == "set-cookie",
-                  keep_alive=fault.kind == "stale-keep-alive")
+                  keep_alive=fault.kind == "stale-keep-alive", encoding=answer.encoding)
         )
         pieces = answer.pieces
         if fault.kind in ("reset-after", "close-after"):
             pieces = pieces[: int(fault.number)]
         for index, piece in enumerate(pieces):
-            if index and fault.kind == "stall-between":
+            if (index and fault.kind == "stall-between") or (fault.kind == "stall-last" and index == len(pieces) - 1):
                 await asyncio.sleep(fault.number)
             writer.write(_chunk(piece) if answer.is_stream else piece)
             await writer.drain()
@@ -335,6 +347,9 @@ def _answer_for(fault: Fault, api_path: str, request: ReceivedFault) -> _Answer:
         return _Answer(status, "application/json", [_error_body(status, api_path)], is_stream=False)
     if fault.kind == "not-json":
         return _Answer(200, "application/json", [NOT_JSON_BODY], is_stream=False)
+    if fault.kind.startswith("bomb-"):
+        coding = fault.kind.removeprefix("bomb-")
+        return _Answer(200, "application/json", [bomb(coding, int(fault.number))], is_stream=False, encoding=coding)
     wants_stream = fault.kind == "no-terminal" or _asks_for_stream(request.body)
     recorded = _recording_for(api_path, wants_stream, request.headers.get(FAULT_FIXTURE_HEADER))
     body = recorded.body_bytes
@@ -394,10 +409,14 @@ def reset_connection(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
-def _head(status: int, content_type: str, length: int | None, *, cookie: bool = False, keep_alive: bool = False) -> bytes:
+def _head(
+    status: int, content_type: str, length: int | None, *, cookie: bool = False, keep_alive: bool = False,
+    encoding: str | None = None,
+) -> bytes:
     lines = [
         f"HTTP/1.1 {status} {_reason(status)}",
         f"content-type: {content_type}",
+        *([f"content-encoding: {encoding}"] if encoding else []),
         *([] if keep_alive else ["connection: close"]),
         ("transfer-encoding: chunked" if length is None else f"content-length: {length}"),
         *([f"set-cookie: {SET_COOKIE}"] if cookie else []),
@@ -432,3 +451,61 @@ async def _read_request(reader: asyncio.StreamReader) -> ReceivedFault | None:
     length = int(headers.get("content-length", "0"))
     body = await reader.readexactly(length) if length else b""
     return ReceivedFault(method, target, headers, body)
+
+
+_BOMB_PIECE = bytes(1024 * 1024)
+
+
+@functools.cache
+def bomb(coding: str, mib: int) -> bytes:
+    """A body in `coding` (gzip, deflate, br or zstd) that decodes to `mib` MiB of zeros, built a MiB at a time."""
+    if coding in ("gzip", "deflate"):
+        compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS if coding == "gzip" else zlib.MAX_WBITS)
+        return b"".join(compressor.compress(_BOMB_PIECE) for _ in range(mib)) + compressor.flush()
+    if coding == "br":
+        import brotli
+
+        encoder = brotli.Compressor(quality=5)
+        return b"".join(encoder.process(_BOMB_PIECE) for _ in range(mib)) + encoder.finish()
+    if coding == "zstd":
+        import zstandard
+
+        zstd = zstandard.ZstdCompressor(level=3).compressobj()
+        return b"".join(zstd.compress(_BOMB_PIECE) for _ in range(mib)) + zstd.flush()
+    raise ValueError(f"Bomb coding {coding!r} is not one of gzip, deflate, br, zstd.")
+
+
+def send_head_slowly(port: int, head: bytes, interval_s: float) -> tuple[int, bytes]:
+    """Send a request head to 127.0.0.1:`port` one byte every `interval_s` seconds (slowloris), until
+    it is all sent or the server answers or closes; return how many bytes went out and what came back."""
+    with socket.create_connection((LOOPBACK, port), timeout=30) as sock:
+        sent = 0
+        for byte in head:
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:  # the server closed the connection
+                break
+            sent += 1
+            sock.settimeout(interval_s)
+            try:
+                answer = sock.recv(65536)
+            except TimeoutError:
+                continue  # nothing yet: send the next byte
+            except OSError:
+                return sent, b""
+            sock.settimeout(30)
+            return sent, answer + _read_to_close(sock)
+        sock.settimeout(30)
+        return sent, _read_to_close(sock)
+
+
+def _read_to_close(sock: socket.socket) -> bytes:
+    received = b""
+    while True:
+        try:
+            piece = sock.recv(65536)
+        except OSError:
+            return received
+        if not piece:
+            return received
+        received += piece

@@ -119,6 +119,12 @@ class StreamAssembler(Protocol):
     terminal: TerminalKind | None
     malformed_events: int
 
+    @property
+    def answered(self) -> bool:
+        """True once the events so far hold the complete answer, whatever usage or end marker
+        may still follow (a capture point holds what comes from then on until it is durable)."""
+        ...
+
     def feed(self, event: SSEEvent) -> None: ...
 
     def result(self) -> dict[str, Any] | None: ...

@@ -431,6 +431,22 @@ class ChatStreamAssembler:
             # needs no new template.
             self._tokens = _token_template(event, payload, self._choices) or tokens
 
+    @property
+    def answered(self) -> bool:
+        """True once every choice seen has its `finish_reason`: usage and `[DONE]` may follow.
+
+        With `n > 1` a choice that has not started yet cannot be told from one that never will;
+        an answer judged complete early only holds the rest of the stream until it is durable.
+        """
+        if self.terminal is not None:
+            return True
+        if not self._choices:
+            return False
+        for choice in self._choices.values():  # nearly always one: a plain loop, no generator
+            if choice.finish_reason is None:
+                return False
+        return True
+
     def take_raw(self, chunk: bytes) -> bool:
         """Apply a whole chunk of the stream, undecoded, when it is one plain token event that
         fits the learnt template; False to decode it. Call only at an event boundary."""

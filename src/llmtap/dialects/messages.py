@@ -160,7 +160,7 @@ class MessagesStreamAssembler:
         message = assembler.result()
     """
 
-    __slots__ = ("terminal", "malformed_events", "unknown_events", "_message", "_blocks", "_error", "_tokens")
+    __slots__ = ("terminal", "malformed_events", "unknown_events", "_message", "_blocks", "_error", "_tokens", "_stopped")
 
     def __init__(self) -> None:
         self.terminal: TerminalKind | None = None
@@ -170,6 +170,12 @@ class MessagesStreamAssembler:
         self._blocks: dict[int, _Block] = {}
         self._error: dict[str, Any] | None = None
         self._tokens: TokenTemplate | None = None  # see `token_template`
+        self._stopped = False  # a `message_delta` gave the stop reason: the content is final
+
+    @property
+    def answered(self) -> bool:
+        """True once a `message_delta` carried the stop reason (only `message_stop` follows), or the stream ended."""
+        return self._stopped or self.terminal is not None
 
     def feed(self, event: SSEEvent) -> None:
         """Apply one event; never raises."""
@@ -347,6 +353,8 @@ class MessagesStreamAssembler:
         if isinstance(delta, dict):
             # stop_reason, stop_sequence, and whatever else the API adds (stop_details, container).
             self._message.update(delta)
+            if delta.get("stop_reason") is not None:
+                self._stopped = True
         if isinstance(usage, dict):
             self._message["usage"] = _merge_usage(self._message.get("usage"), usage)
         for key, value in data.items():

@@ -209,6 +209,11 @@ class ResponsesAssembler:
             # like it can skip all this.
             self._tokens = TokenTemplate.around(event, "delta", data["delta"], self._delta_text, _VARYING_KEYS)
 
+    @property
+    def answered(self) -> bool:
+        """True once `response.completed`, `response.incomplete` or `response.failed` (or an error) arrived."""
+        return self.terminal is not None
+
     def take_raw(self, chunk: bytes) -> bool:
         """Apply a whole chunk of the stream, undecoded, when it is one text delta that fits the
         learnt template; False to decode it. Call only at an event boundary."""

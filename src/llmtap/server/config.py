@@ -96,6 +96,14 @@ class ServeConfig(BaseModel):
     log_level: str = "warning"
     # Server processes sharing the port (and the capture directory): one event loop is one core.
     workers: int = Field(default=1, ge=1, le=256)
+    # Bounds on what clients and upstreams send (see README "Limits and health"): a larger request
+    # body gets a 413 (recorded as rejected); a compressed response is decoded for its record up
+    # to `max_decoded_body_bytes`, past which the record keeps the raw bytes; a request head must
+    # arrive whole within `header_read_timeout_s` and `max_request_head_bytes` (else 408 / 431).
+    max_request_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    max_decoded_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    header_read_timeout_s: float = Field(default=30.0, gt=0)
+    max_request_head_bytes: int = Field(default=64 * 1024, ge=1024)
 
     @model_validator(mode="after")
     def _check(self) -> ServeConfig:

@@ -210,14 +210,17 @@ class Http1Connection(asyncio.Protocol):
 
     # The transport's side ---------------------------------------------------------------------
 
-    def send(self, request: bytes, head_only: bool) -> Http1Response:
-        """Write a whole request (head and body) and return its response, to be read as it comes."""
+    def send(self, request: tuple[bytes, bytes], head_only: bool) -> Http1Response:
+        """Write a whole request (head, body) and return its response, to be read as it comes."""
         assert self._transport is not None and self._response is None
         response = Http1Response(self, head_only)
         self._response = response
         self._last_read = self._loop.time()
         self._timer = self._loop.call_at(self._last_read + self._read_timeout_s, self._check_timeout)
-        self._transport.write(request)
+        head, body = request
+        self._transport.write(head)
+        if body:
+            self._transport.write(body)
         return response
 
     def drained(self) -> None:

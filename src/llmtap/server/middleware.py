@@ -3,9 +3,15 @@
 Requests under `/ng-rollout/<rollout_id>[/ng-sampling/<segment>]` have that prefix stripped from
 `path` and `raw_path` (always, capture on or off); those for a dialect path are captured. Bytes go
 to the client as they arrive, except what must wait for durability: the final message, and for a
-stream the chunk holding its terminal event and anything after it (an SDK returns as soon as it
-sees the terminal event). Those are released once the call's record is fsynced, so when an agent's
-call returns, its record is on disk (principle 2).
+stream the chunk at which the client holds the complete answer (a chat choice's `finish_reason`,
+a Messages stop reason, a Responses terminal event: its dialect's `answered`) and everything after
+it, usage included (an SDK may return as soon as it has the answer). Those are released once the
+call's record is fsynced, so when an agent's call returns, its record is on disk (principle 2).
+
+Bounds (all optional here, all set by `llmtap serve`): `max_request_body_bytes` refuses a larger
+body with a 413 that is still recorded, `max_decoded_body_bytes` caps how far a compressed
+response is decoded for its record, and `health_path` answers the health document there
+(`health_endpoint`). A record of a large call is built on a helper thread, off the event loop.
 
 Usage::
 
@@ -20,11 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 from urllib.parse import quote, unquote
 
 import orjson
 
+from ..content_coding import DEFAULT_MAX_DECODED_BYTES
 from ..correlation import ROLLOUT_PREFIX, split_rollout_prefix
 from ..correlation.sampling import (
     MODEL_SAMPLING_HEADER,
@@ -42,12 +51,30 @@ from ..health import HEALTH, CaptureHealth
 from ..records import StreamTracker, raw_line_from_exchange
 from ..store import CaptureStore
 from .asgi import ASGIApp, Message, Receive, Scope, Send
+from .health_endpoint import health_report, send_health
+from .limits import BodyTooLarge, ClientGone, body_too_large_payload, read_body_within, send_body_too_large
 
 __all__ = ["EXCHANGE_SCOPE_KEY", "CaptureMiddleware"]
 
 # The scope key under which the wrapped app finds the Exchange of a captured call, so a proxy can
 # say why it answered for an upstream it could not reach, or which upstream served the call.
 EXCHANGE_SCOPE_KEY = "llmtap.exchange"
+
+# Past this many body bytes (request and response), or when a compressed response decodes to
+# more than this, a record is built on a helper thread: parsing or decoding it there would hold
+# every other call up. A few compressed bytes can decode to the whole limit, so a compressed body
+# is first decoded on the loop only this far.
+_OFFLOAD_BYTES = 1024 * 1024
+
+# Two threads at most: a bound on how many large records are decoded in memory at once.
+_RECORD_BUILDERS: ThreadPoolExecutor | None = None
+
+
+def _record_builders() -> ThreadPoolExecutor:
+    global _RECORD_BUILDERS
+    if _RECORD_BUILDERS is None:
+        _RECORD_BUILDERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="llmtap-record")
+    return _RECORD_BUILDERS
 
 
 class CaptureMiddleware:
@@ -67,8 +94,14 @@ class CaptureMiddleware:
         provider: str | None = None,
         health: CaptureHealth | None = None,
         require_sampling: bool = False,
+        max_request_body_bytes: int | None = None,
+        max_decoded_body_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+        health_path: str | None = None,
     ) -> None:
         self.app = app
+        self.max_request_body_bytes = max_request_body_bytes
+        self.max_decoded_body_bytes = max_decoded_body_bytes
+        self.health_path = health_path
         # A server a training framework lists in `required_model_servers`: every prefixed
         # generation call must say its sampling (values or `null`), or it is refused.
         self.require_sampling = require_sampling
@@ -84,6 +117,9 @@ class CaptureMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if scope["path"] == self.health_path and scope.get("method") in ("GET", "HEAD"):
+            await self._answer_health(send, head_only=scope.get("method") == "HEAD")
             return
         self.in_flight += 1
         try:
@@ -136,6 +172,11 @@ class CaptureMiddleware:
         )
 
 
+    async def _answer_health(self, send: Send, *, head_only: bool) -> None:
+        capture_dir = self.store.root if self.store is not None else None
+        await send_health(send, health_report(self.health, capture_dir, self.in_flight), head_only=head_only)
+
+
 # A call is correlated by a rollout prefix, and may carry a sampling segment after it, or alone
 # (a run whose rows carry sampling values but no rollout id): both are stripped before routing.
 _CORRELATION_PREFIXES = (ROLLOUT_PREFIX, MODEL_SAMPLING_PREFIX)
@@ -176,10 +217,19 @@ class _CapturedCall:
         segment_error: str | None,
     ) -> None:
         try:
+            if self.owner.max_request_body_bytes is not None:
+                receive = await self._read_bounded_body(receive)
             if segment_error is not None:
                 await _read_body(receive, self)
                 raise _RejectedRequest(segment_error)
             body_receive = await self._prepare_request(receive, segment, header_segment)
+        except _BodyRefused as refused:
+            await self._refuse_body(send, refused.refused)
+            return
+        except _ClientLeft:
+            self.exchange.cancelled = self.finished = True
+            await self._commit()  # the call still leaves its record, as cancelled
+            return
         except _RejectedRequest as rejected:
             await self._reject(send, rejected)
             return
@@ -194,6 +244,19 @@ class _CapturedCall:
             await self._commit()
             await self._release(send)
 
+    async def _read_bounded_body(self, receive: Receive) -> Receive:
+        """Read the body whole within the limit, then hand it on as one message (one copy kept)."""
+        limit = self.owner.max_request_body_bytes
+        assert limit is not None
+        body = await read_body_within(receive, self.scope, limit)
+        if isinstance(body, BodyTooLarge):
+            raise _BodyRefused(body)
+        if isinstance(body, ClientGone):
+            self.client_gone = True
+            raise _ClientLeft
+        self.exchange.request_body = body
+        return _replay_receive(body, receive, self)
+
     async def _prepare_request(
         self, receive: Receive, segment: str | None, header_segment: str | None
     ) -> Receive:
@@ -207,7 +270,7 @@ class _CapturedCall:
                 "(the value `null` keeps the caller's own sampling)."
             )
         if segment is None and header_segment is None and not overrides:
-            return self._wrap_receive(receive)
+            return receive if self.owner.max_request_body_bytes is not None else self._wrap_receive(receive)
         body = await _read_body(receive, self)
         sampling = _decode_sampling(segment, header_segment)
         if sampling is not _NO_SAMPLING or overrides:
@@ -268,7 +331,9 @@ class _CapturedCall:
                 await self._commit()
                 await self._release(send)
                 return
-            if self.capturing and (self.holding_body or self._is_terminal(body) or self._completes_body()):
+            # The tracker sees every chunk, held ones too: usage and the end marker follow the answer.
+            answered = self._is_terminal(body)
+            if self.capturing and (self.holding_body or answered or self._completes_body()):
                 self.holding_body = True
                 self.held.append(message)
                 return
@@ -285,9 +350,10 @@ class _CapturedCall:
         declared = self.exchange.response_headers.get("content-length", "")
         self.content_length = int(declared) if declared.isdigit() else None
         if self.capturing and self.exchange.is_stream and not self.exchange.response_headers.get("content-encoding"):
-            self.tracker = StreamTracker(self.dialect)  # only a captured call waits for its terminal event
+            self.tracker = StreamTracker(self.dialect)  # only a captured call waits for its answer
 
     def _is_terminal(self, body: bytes) -> bool:
+        """True from the chunk at which the client holds the complete answer (see `StreamTracker`)."""
         return self.tracker is not None and self.tracker.feed(body)
 
     def _completes_body(self) -> bool:
@@ -331,17 +397,44 @@ class _CapturedCall:
         store = self.owner.store
         assert store is not None and self.exchange.rollout_id is not None
         try:
-            line = raw_line_from_exchange(self.exchange, dialect=self.dialect, tracker=self.tracker)
+            line = self._build_line_here()
+            if line is None:
+                line = await self._build_line_off_loop()
         except Exception as exc:
             self.owner.health.failure("record_build_failed", "asgi", exc)
             store.mark_incomplete(self.exchange.rollout_id, "record_build_failed")
             return
+        handed_over = time.perf_counter()
         try:
             await store.append_async(self.exchange.rollout_id, line, alone=self.owner.in_flight == 1)
         except Exception as exc:
             self.owner.health.failure("record_write_failed", "asgi", exc)
             return
+        self.owner.health.observe_sync(time.perf_counter() - handed_over)
         self.owner.health.count("records_written")
+
+    def _build_line_here(self) -> dict[str, Any] | None:
+        """Build the record on the loop when it is small; None when it must be built off the loop."""
+        exchange = self.exchange
+        exchange.finish()  # the call ended now, not when a helper thread gets to it
+        if len(exchange.request_body) + self.body_length >= _OFFLOAD_BYTES:
+            return None
+        limit = self.owner.max_decoded_body_bytes
+        inline_limit = limit if limit < _OFFLOAD_BYTES else _OFFLOAD_BYTES
+        line = raw_line_from_exchange(exchange, dialect=self.dialect, tracker=self.tracker, max_decoded_bytes=inline_limit)
+        gap = line.get("response_decoding")
+        if gap is not None and inline_limit < limit and gap["reason"] == "decoded_size_limit":
+            return None  # a small compressed body that decodes past a MiB: decoded again, in full, off the loop
+        return line
+
+    async def _build_line_off_loop(self) -> dict[str, Any]:
+        """Build the record on a record-builder thread (large bodies, or a compressed one that grows)."""
+        exchange, limit = self.exchange, self.owner.max_decoded_body_bytes
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            _record_builders(),
+            lambda: raw_line_from_exchange(exchange, dialect=self.dialect, tracker=self.tracker, max_decoded_bytes=limit),
+        )
 
     async def _reject(self, send: Send, rejected: _RejectedRequest) -> None:
         self.exchange.status_code = 400
@@ -353,8 +446,37 @@ class _CapturedCall:
         await _send_body(send, 400, payload)
 
 
+    async def _refuse_body(self, send: Send, refused: BodyTooLarge) -> None:
+        """Answer 413 for a body over the limit, and record the call as rejected (without the body)."""
+        self.owner.health.count("rejected_request_bodies")
+        payload = body_too_large_payload(refused)
+        self.exchange.status_code = 413
+        self.exchange.response_headers = {"content-type": "application/json"}
+        self.exchange.add_response_chunk(payload)
+        self.exchange.extra["rejected"] = {
+            "reason": "request_body_too_large",
+            "limit_bytes": refused.limit,
+            "received_bytes": refused.received,
+        }
+        self.finished = True
+        await self._commit()
+        await send_body_too_large(send, payload)
+
+
 class _RejectedRequest(Exception):
     """A request llmtap itself must refuse (a malformed sampling segment)."""
+
+
+class _ClientLeft(Exception):
+    """The client disconnected before its request body ended: nothing is forwarded."""
+
+
+class _BodyRefused(Exception):
+    """A request body over the limit."""
+
+    def __init__(self, refused: BodyTooLarge) -> None:
+        super().__init__("request body over the limit")
+        self.refused = refused
 
 
 _NO_SAMPLING = object()

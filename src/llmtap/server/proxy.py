@@ -22,8 +22,11 @@ from ..errors import LlmtapError
 from ..exchange import Exchange
 from ..health import CaptureHealth
 from ..store import CaptureStore
-from .asgi import ASGIApp, Message, Receive, Scope, Send
+from .asgi import ASGIApp, Receive, Scope, Send
+from .capture_dir import check_capture_dir
 from .config import ServeConfig, UpstreamConfig
+from .health_endpoint import HEALTH_PATH
+from .limits import BodyTooLarge, body_too_large_payload, read_body_within, send_body_too_large
 from .middleware import EXCHANGE_SCOPE_KEY, CaptureMiddleware
 from .upstream import Http1Transport, UpstreamResponse, UpstreamTransport, UpstreamUnreachable
 
@@ -141,8 +144,11 @@ class ProxyApp:
             return
         if scope["type"] != "http":
             return
-        body = await _read_request_body(receive)
-        if body is None:
+        body = await read_body_within(receive, scope, self.config.max_request_body_bytes)
+        if isinstance(body, BodyTooLarge):
+            await send_body_too_large(send, body_too_large_payload(body))
+            return
+        if not isinstance(body, bytes):
             return  # the client left before sending its request
         upstream = self._choose(scope["path"], body)
         exchange: Exchange | None = scope.get(EXCHANGE_SCOPE_KEY)
@@ -295,29 +301,20 @@ def _response_headers(response: UpstreamResponse) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in response.headers if k.lower() not in hop]
 
 
-async def _read_request_body(receive: Receive) -> bytes | None:
-    chunks: list[bytes] = []
-    while True:
-        message: Message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
 def build_app(
     config: ServeConfig, *, store: CaptureStore | None = None, health: CaptureHealth | None = None
 ) -> ASGIApp:
     """Build the `llmtap serve` ASGI app: the proxy wrapped in capture middleware.
 
     Capture is on when `observability_enabled` is true (the store is then opened at
-    `model_call_capture_dir` unless one is given). Each call is labelled with the `model_ref` and
-    provider of the upstream it went to.
+    `model_call_capture_dir` unless one is given, after checking that it can be written: raises
+    `ConfigError` otherwise). Each call is labelled with the `model_ref` and provider of the
+    upstream it went to. `GET /llmtap/health` answers the health document.
     """
     proxy = ProxyApp(config)
     if store is None and config.observability_enabled:
         assert config.model_call_capture_dir is not None
+        check_capture_dir(config.model_call_capture_dir)
         store = CaptureStore(config.model_call_capture_dir)
     default = proxy.default.config
     return CaptureMiddleware(
@@ -328,4 +325,7 @@ def build_app(
         sampling_overrides=config.sampling_overrides,
         health=health,
         require_sampling=config.require_model_sampling,
+        max_request_body_bytes=config.max_request_body_bytes,
+        max_decoded_body_bytes=config.max_decoded_body_bytes,
+        health_path=HEALTH_PATH,
     )

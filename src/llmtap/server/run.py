@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import importlib.util
 import os
 import platform
 import resource
@@ -13,8 +12,11 @@ from typing import Any
 
 import uvicorn
 
+from ..health import HEALTH
 from .asgi import ASGIApp
+from .capture_dir import check_capture_dir
 from .config import ServeConfig
+from .header_guard import configure_header_guard, guarded_protocol_path
 from .proxy import build_app
 
 __all__ = [
@@ -30,11 +32,19 @@ _WANTED_OPEN_FILES = 65536
 def uvicorn_config(config: ServeConfig, app: ASGIApp | None = None) -> uvicorn.Config:
     """Return the uvicorn settings llmtap serves `app` with (by default the proxy `config`
     describes) in one process."""
+    _guard_request_heads(config)
     return uvicorn.Config(app if app is not None else build_app(config), **_uvicorn_settings(config))
 
 
+def _guard_request_heads(config: ServeConfig) -> None:
+    """Bound how long and how large a request head may be (uvicorn bounds neither: `header_guard`)."""
+    configure_header_guard(
+        config.header_read_timeout_s, config.max_request_head_bytes, on_refused=lambda reason: HEALTH.count(reason)
+    )
+
+
 def _uvicorn_settings(config: ServeConfig) -> dict[str, Any]:
-    """Fast HTTP parser when installed, no access log.
+    """Fast HTTP parser when installed (either one behind the request-head guard), no access log.
 
     uvicorn adds `date` and `server` headers to every response unless told not to, which would
     put a second `date` and a `server: uvicorn` in front of the upstream's own: the client must
@@ -44,7 +54,7 @@ def _uvicorn_settings(config: ServeConfig) -> dict[str, Any]:
     return {
         "host": config.host,
         "port": config.port,
-        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
+        "http": guarded_protocol_path(),
         "lifespan": "on",
         "access_log": False,
         "log_level": config.log_level,
@@ -64,7 +74,9 @@ def app_from_environment() -> ASGIApp:
     its parent validated (upstream keys are still read from their own variables)."""
     steady_heap()  # a spawned worker starts with glibc's and the collector's defaults again
     steady_gc()
-    return build_app(ServeConfig.model_validate_json(os.environ[_CONFIG_VARIABLE]))
+    config = ServeConfig.model_validate_json(os.environ[_CONFIG_VARIABLE])
+    _guard_request_heads(config)
+    return build_app(config)
 
 
 def raise_open_file_limit(wanted: int = _WANTED_OPEN_FILES) -> int:
@@ -142,7 +154,13 @@ def prepare_server_process() -> None:
 
 
 def run_server(config: ServeConfig) -> None:
-    """Serve until interrupted, printing where it listens and where it captures."""
+    """Serve until interrupted, printing where it listens and where it captures.
+
+    An unwritable capture directory is refused first (`ConfigError`), before anything is printed
+    or bound: a server that could record nothing must not look as if it records.
+    """
+    if config.observability_enabled and config.model_call_capture_dir is not None:
+        check_capture_dir(config.model_call_capture_dir)
     prepare_server_process()
     capture = config.model_call_capture_dir if config.observability_enabled else "off"
     upstreams = ", ".join(f"{name}={u.shown_base_url}" for name, u in config.upstreams.items())
@@ -159,6 +177,7 @@ def run_server(config: ServeConfig) -> None:
     # them share the capture directory safely. Building the app here first reports a bad
     # directory or a missing key once, before any worker starts.
     _check_app_builds(config)
+    _guard_request_heads(config)
     os.environ[_CONFIG_VARIABLE] = config.model_dump_json()
     uvicorn.run(
         f"{__name__}:app_from_environment", factory=True, workers=config.workers, **_uvicorn_settings(config)

@@ -265,7 +265,10 @@ class Http1Transport:
         return connection
 
     @staticmethod
-    def _request_bytes(method: str, target: str, origin: _Origin, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
+    def _request_bytes(
+        method: str, target: str, origin: _Origin, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> tuple[bytes, bytes]:
+        """The request's head and its body, apart: joined, a large body would be copied once more."""
         parts = [method.encode("ascii"), b" ", target.encode("latin-1"), b" HTTP/1.1\r\nhost: ", origin.host_header, b"\r\n"]
         for name, value in headers:
             if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
@@ -276,5 +279,4 @@ class Http1Transport:
         if body or method not in _BODYLESS_METHODS:
             parts += (b"content-length: ", str(len(body)).encode("ascii"), b"\r\n")
         parts.append(b"\r\n")
-        parts.append(body)
-        return b"".join(parts)
+        return b"".join(parts), body
