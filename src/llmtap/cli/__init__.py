@@ -26,6 +26,7 @@ _COMMANDS = {
     "collect": "collect:collect",
     "demo": "demo:demo",
     "records": "records:records",
+    "redact": "redact:redact",
     "run": "run:run",
     "runs": "runs:runs",
     "serve": "serve:serve",
