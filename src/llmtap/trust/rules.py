@@ -31,7 +31,7 @@ _END_B64 = r"(?![A-Za-z0-9+/=])"
 
 # Names that say their value is a secret, in keys, assignments and environment lines.
 _SECRET_WORDS = (
-    r"password|passwd|passphrase|secret|api[_-]?key|apikey|access[_-]?key|auth[_-]?token|access[_-]?token"
+    r"password|passwd|passphrase|secrets?|api[_-]?key|apikey|access[_-]?key|auth[_-]?token|access[_-]?token"
     r"|refresh[_-]?token|session[_-]?token|private[_-]?key|client[_-]?secret|credentials?|token"
 )
 GENERIC_KEY = re.compile(rf"(?i)^[A-Za-z0-9_.-]{{0,40}}(?:{_SECRET_WORDS})$")
@@ -68,8 +68,11 @@ class Rule:
     after_keyword: re.Pattern[str] | None = None
 
 
-# What follows a secret name's keyword in an assignment: the rest of the name, a quote, a separator.
-_ASSIGNMENT_TAIL = re.compile(r"[a-z0-9_.-]{0,24}[\"']?\s{0,3}(?:[:=]|=>)")
+# What follows the end of a credential's name in an assignment: a quote (maybe escaped), a separator.
+_NAME_END = re.compile(r"\\?[\"']?\s{0,3}(?:[:=]|=>)")
+# The same after a generic keyword, which may be followed by the rest of its word (pass-word,
+# secret_key): `max_tokens"` and `monkey` stop here, before any regex runs.
+_ASSIGNMENT_TAIL = re.compile(r"(?:word|wd|phrase|_?key|_?token)?\\?[\"']?\s{0,3}(?:[:=]|=>)")
 
 
 def _rule(
@@ -101,7 +104,7 @@ def _rule(
         loose or generic,
         None if key_regex is None else re.compile(key_regex, re.IGNORECASE),
         None if value_regex is None else re.compile(value_regex),
-        _ASSIGNMENT_TAIL if value_regex is not None else None,
+        (_ASSIGNMENT_TAIL if generic else _NAME_END) if value_regex is not None else None,
     )
 
 
@@ -162,7 +165,7 @@ RULES: tuple[Rule, ...] = (
         "AWS secret access key (next to its name)",
         r"aws_?secret_?access_?key|aws_?secret_?key|secret_?access_?key|aws_?secret",
         r"[A-Za-z0-9/+]{40}" + _END_B64,
-        ("secret",),
+        ("access_key", "accesskey", "secret_key", "secretkey", "aws_secret", "awssecret"),
         130,
     ),
     _assigned(
@@ -170,7 +173,7 @@ RULES: tuple[Rule, ...] = (
         "AWS session token (next to its name)",
         r"aws_?session_?token|aws_?security_?token|session_?token",
         r"[A-Za-z0-9/+=]{100,2048}",
-        ("session",),
+        ("session_token", "sessiontoken", "security_token", "securitytoken"),
         2120,
     ),
     _prefixed(
@@ -254,7 +257,7 @@ RULES: tuple[Rule, ...] = (
         "Twilio auth token (next to its name)",
         r"twilio[A-Za-z0-9_]{0,20}(?:auth)?_?token",
         r"[a-f0-9]{32}" + r"(?![A-Za-z0-9])",
-        ("twilio",),
+        ("token",),
         100,
     ),
     _prefixed(
@@ -341,7 +344,7 @@ RULES: tuple[Rule, ...] = (
         "Value assigned to a secret-looking name (password=, api_key:, ...), above an entropy floor",
         rf"(?P<key>[A-Za-z0-9_.-]{{0,40}}(?:{_SECRET_WORDS}))[\"']?\s{{0,3}}(?:[:=]|=>)\s{{0,3}}[\"'`]?"
         rf"(?P<secret>{_ASSIGNMENT_VALUE})",
-        ("pass", "secret", "key", "token", "credential"),
+        ("pass", "secret", "secrets", "key", "token", "credential", "credentials"),
         330,
         back=52,
         ignore_case=True,
