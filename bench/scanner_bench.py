@@ -60,7 +60,7 @@ def build_lines(megabytes: float) -> tuple[list[bytes], dict[int, str]]:
         if number % PLANT_EVERY == 0:
             sample = SECRETS[(number // PLANT_EVERY) % len(SECRETS)]
             request = dict(record["request"] or {})
-            request["metadata"] = {"note": f"config follows:\n{sample.in_context()}\n"}
+            request["metadata"] = {"note": f"config follows: {sample.in_context()} (end)"}
             record["request"] = request
             planted[len(lines)] = sample.secret
         line = orjson.dumps(record)

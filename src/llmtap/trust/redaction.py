@@ -315,15 +315,18 @@ def _stream_leaves(events: list[_Event]) -> dict[tuple[str, str], list[tuple[int
 def redact_stream(raw: str, dialect_name: str, sink: FindingSink = _ignore, where: list[str] | None = None) -> str:
     """Return a recorded SSE stream with every secret removed from every event that carried it.
 
-    Whole secrets are redacted inside each event's JSON. Then, per event type and field, the
-    deltas' texts are joined and scanned: a secret spanning several deltas becomes the marker in
-    the first and is cut from the others, so the dialect reassembles the marker exactly where the
-    secret was. Last, the dialect reassembles the result; should a secret still be readable there
+    First, per event type and field, the deltas' texts are joined and scanned: a secret spanning
+    several deltas becomes the marker in the first and is cut from the others, so the dialect
+    reassembles the marker exactly where the secret was. Then whole secrets are redacted inside
+    each event's JSON. Last, the dialect reassembles the result; should a secret still be readable there
     (deltas no field-wise join could line up), the whole stream is replaced by a marker.
     """
     where = where or []
     items = _split_events(raw)
     events = [item for item in items if isinstance(item, _Event)]
+    # Split secrets first, on the deltas as recorded: once a long enough first piece is redacted
+    # on its own, the pieces after it no longer join into anything a rule recognises.
+    _redact_split(events, _stream_leaves(events), sink, where)
     for number, event in enumerate(events):
         here = [*where, f"event {number}"]
         is_json = _looks_like_json(event.data)
@@ -335,8 +338,6 @@ def redact_stream(raw: str, dialect_name: str, sink: FindingSink = _ignore, wher
         new = redact_json_text(event.data, sink, here, depth=1) if is_json else redact_text(event.data, sink, here)
         if new != event.data:
             event.set_data(new)
-    leaves = _stream_leaves(events)
-    _redact_split(events, leaves, sink, where)
     redacted = _join_events(items)
     leftover = [f for key, value in _reassembled_strings(redacted, dialect_name) for f in scan_value(value, key)]
     if leftover:
