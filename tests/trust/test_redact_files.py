@@ -52,13 +52,15 @@ def _digests(root: Path) -> dict[str, str]:
 
 def test_redact_dir_removes_every_secret_and_keeps_every_record(tmp_path: Path) -> None:
     _capture_dir(tmp_path)
-    before = CaptureStore(tmp_path, create=False).read("dirty-1")
+    with CaptureStore(tmp_path, create=False) as store:
+        before = store.read("dirty-1")
     summary = redact_capture_dir(tmp_path)
     assert summary.changed_files == ["dirty-1.capture.jsonl"]
     data = (tmp_path / "dirty-1.capture.jsonl").read_bytes()
     for secret in (KEY, GITHUB, PEM, PEM.splitlines()[3]):
         assert secret.encode() not in data
-    after = CaptureStore(tmp_path, create=False).read("dirty-1", strict=True)
+    with CaptureStore(tmp_path, create=False) as store:
+        after = store.read("dirty-1", strict=True)
     assert [index for index, _ in after.entries] == [index for index, _ in before.entries] == [0, 1, 2]
     assert after.entries[0] == before.entries[0]  # the clean record is untouched
     rules = {finding["rule_id"] for finding in summary["findings"]}
