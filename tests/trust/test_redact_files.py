@@ -195,3 +195,14 @@ def test_redact_capsule_refuses_a_linked_calls_directory(tmp_path: Path) -> None
     with pytest.raises(RedactionError, match="not a directory"):
         redact_capsule(capsule)
     assert KEY.encode() in (elsewhere / "dirty-1.capture.jsonl").read_bytes()
+
+
+def test_a_file_over_the_size_bound_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmtap.trust import redact_files
+
+    _capture_dir(tmp_path)
+    size = (tmp_path / "dirty-1.capture.jsonl").stat().st_size
+    monkeypatch.setattr(redact_files, "MAX_FILE_BYTES", size - 1)
+    with pytest.raises(RedactionError, match="more than the"):
+        redact_capture_dir(tmp_path)
+    assert KEY.encode() in (tmp_path / "dirty-1.capture.jsonl").read_bytes()

@@ -151,18 +151,35 @@ def test_a_secret_split_across_stream_deltas_is_cut_from_every_piece(
     assert redact_record_line(out) is out  # and a second pass finds nothing
 
 
-def test_a_stream_the_dialect_still_reads_a_secret_from_is_replaced_whole() -> None:
-    recorded = fixture("chat/text-stream-no-usage-gpt4")
-    key = SECRETS[0].secret
+def _interleaved_choices(key: str) -> str:
+    """A chat stream with n=2 whose choice 0 streams `key` in two pieces around a delta of choice 1."""
     events = [
         {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": key[:20]}}]},
         {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 1, "delta": {"content": " "}}]},
         {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": key[20:]}}]},
+        {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
     ]
-    raw = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-    # choice 1's piece sits between choice 0's: the field-wise join reads "... ...", the dialect does not
+    return "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+
+
+def test_a_key_split_around_another_choices_delta_is_cut_from_its_pieces() -> None:
+    key = SECRETS[0].secret
+    raw = _interleaved_choices(key)  # the field-wise join reads "<piece> <piece>": only the dialect sees the key
+    found: list[tuple[str, str]] = []
+    out = redact_stream(raw, "chat", lambda rule, secret, *_: found.append((rule, secret)))
+    assert key[:20] not in out and key[20:] not in out
+    assert found == [("openai-project-key", key)]
+    response = _reassembled(fixture("chat/text-stream-no-usage-gpt4"), out)
+    assert response["choices"][0]["message"]["content"] == "[REDACTED:openai-project-key]"
+    assert response["choices"][1]["message"]["content"] == " "
+
+
+def test_a_stream_the_dialect_still_reads_a_secret_from_is_replaced_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmtap.trust import redaction
+
+    monkeypatch.setattr(redaction, "_cut_chain", lambda *args: False)  # as if no sequence of values spelled it
     found: list[str] = []
-    out = redact_stream(raw, recorded.dialect, lambda rule, secret, *_: found.append(secret))
+    out = redact_stream(_interleaved_choices(SECRETS[0].secret), "chat", lambda rule, secret, *_: found.append(secret))
     assert out == "[REDACTED:stream-unverified]"
     assert found == [""]  # reported, with nothing to hash
 
@@ -206,3 +223,14 @@ def test_text_without_secrets_comes_back_as_the_same_object(text: str) -> None:
     line = orjson.dumps({"call_index": 0, "content": text})
     if not scan_text(text):
         assert redact_record_line(line) is line
+
+
+def test_json_nested_in_strings_past_the_depth_bound_is_still_scanned_as_text() -> None:
+    key = SECRETS[0].secret
+    value: object = {"api": key}
+    for _ in range(7):  # JSON in a string in a string ..., deeper than the four levels decoded
+        value = {"inner": json.dumps(value)}
+    line = orjson.dumps({"call_index": 0, "request": value})
+    out, found = _redacted(line)
+    assert key.encode() not in out and [rule for rule, _ in found] == ["openai-project-key"]
+    assert orjson.loads(out)["call_index"] == 0

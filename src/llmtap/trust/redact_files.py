@@ -62,8 +62,8 @@ def _open_regular(path: Path, *, max_bytes: int) -> tuple[int, os.stat_result]:
     return fd, info
 
 
-def _read_regular(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> tuple[bytes, os.stat_result]:
-    fd, info = _open_regular(path, max_bytes=max_bytes)
+def _read_regular(path: Path, *, max_bytes: int | None = None) -> tuple[bytes, os.stat_result]:
+    fd, info = _open_regular(path, max_bytes=MAX_FILE_BYTES if max_bytes is None else max_bytes)
     try:
         chunks = []
         while chunk := os.read(fd, 1 << 20):
@@ -197,7 +197,7 @@ def redact_capture_dir(path: str | os.PathLike[str]) -> RedactionSummary:
         for _, file_path in files:
             os.close(_open_regular(file_path, max_bytes=MAX_FILE_BYTES)[0])
         proof = ProofBuilder()
-        changed = []
+        changed: list[str] = []
         for rollout_id, file_path in files:
             if _redact_rollout_file(store, rollout_id, file_path, proof, file_path.name):
                 changed.append(file_path.name)

@@ -318,8 +318,10 @@ def redact_stream(raw: str, dialect_name: str, sink: FindingSink = _ignore, wher
     First, per event type and field, the deltas' texts are joined and scanned: a secret spanning
     several deltas becomes the marker in the first and is cut from the others, so the dialect
     reassembles the marker exactly where the secret was. Then whole secrets are redacted inside
-    each event's JSON. Last, the dialect reassembles the result; should a secret still be readable there
-    (deltas no field-wise join could line up), the whole stream is replaced by a marker.
+    each event's JSON. Last, the dialect reassembles the result; a secret still readable there
+    (pieces interleaved with another choice's or block's deltas) is looked for as a sequence of
+    values in successive events and cut from them, and should it still be readable after that,
+    the whole stream is replaced by a marker.
     """
     where = where or []
     items = _split_events(raw)
@@ -339,11 +341,80 @@ def redact_stream(raw: str, dialect_name: str, sink: FindingSink = _ignore, wher
         if new != event.data:
             event.set_data(new)
     redacted = _join_events(items)
-    leftover = [f for key, value in _reassembled_strings(redacted, dialect_name) for f in scan_value(value, key)]
+    leftover = _leftover(redacted, dialect_name)
+    if leftover and all(_cut_chain(events, rule_id, secret, sink, where) for rule_id, secret in leftover):
+        redacted = _join_events(items)
+        leftover = _leftover(redacted, dialect_name)
     if leftover:
-        sink(leftover[0].rule_id, "", [*where, "stream"], 0, len(raw.encode("utf-8", "surrogateescape")))
+        sink(leftover[0][0], "", [*where, "stream"], 0, len(raw.encode("utf-8", "surrogateescape")))
         return marker("stream-unverified")
     return redacted
+
+
+def _leftover(raw: str, dialect_name: str) -> list[tuple[str, str]]:
+    """(rule id, secret) of every secret still readable in what the dialect reassembles from `raw`."""
+    return [
+        (finding.rule_id, value[finding.start : finding.end])
+        for key, value in _reassembled_strings(raw, dialect_name)
+        for finding in scan_value(value, key)
+    ]
+
+
+_MAX_HYPOTHESES = 256
+
+
+def _cut_chain(events: list[_Event], rule_id: str, secret: str, sink: FindingSink, where: list[str]) -> bool:
+    """Find `secret` spelled by string values of successive events, in any fields, skipping the
+    values in between (deltas of another choice or block), and cut it from them; False if no
+    sequence of values spells it."""
+    flat: list[tuple[int, str, str]] = []
+    for number, event in enumerate(events):
+        if _looks_like_json(event.data):
+
+            def collect(pointer: str, key: str | None, value: str, number: int = number) -> None:
+                if not pointer.endswith("#key") and value:
+                    flat.append((number, pointer, value))
+
+            try:
+                _walk_strings(event.data, collect)
+            except orjson.JSONDecodeError:
+                continue
+    # A hypothesis: how much of `secret` is spelled so far, by which (leaf, start, end) pieces.
+    hypotheses: list[tuple[int, list[tuple[int, int, int]]]] = []
+    chain: list[tuple[int, int, int]] | None = None
+    for index, (_, _, value) in enumerate(flat):
+        grown: list[tuple[int, list[tuple[int, int, int]]]] = []
+        for matched, parts in hypotheses:
+            rest = secret[matched:]
+            if value.startswith(rest):
+                chain = [*parts, (index, 0, len(rest))]
+                break
+            if rest.startswith(value):
+                grown.append((matched + len(value), [*parts, (index, 0, len(value))]))
+        if chain is not None:
+            break
+        for length in range(min(len(value), len(secret) - 1), 0, -1):
+            if value.endswith(secret[:length]):
+                grown.append((length, [(index, len(value) - length, len(value))]))
+        hypotheses = (hypotheses + grown)[-_MAX_HYPOTHESES:]
+    if chain is None or len(chain) < 2:
+        return False
+    first_event = flat[chain[0][0]][0]
+    sink(
+        rule_id, secret, [*where, f"event {first_event}", flat[chain[0][0]][1], "split"], 0, len(secret.encode("utf-8"))
+    )
+    changes: dict[int, dict[str, str]] = {}
+    for order, (index, start, end) in enumerate(chain):
+        number, pointer, value = flat[index]
+        current = changes.setdefault(number, {}).get(pointer, value)
+        changes[number][pointer] = current[:start] + (marker(rule_id) if order == 0 else "") + current[end:]
+    for number, replaced in changes.items():
+
+        def replace(pointer: str, key: str | None, value: str, replaced: dict[str, str] = replaced) -> str | None:
+            return replaced.get(pointer)
+
+        events[number].set_data(_walk_strings(events[number].data, replace))
+    return True
 
 
 def _redact_split(
