@@ -206,3 +206,15 @@ def test_a_file_over_the_size_bound_is_refused(tmp_path: Path, monkeypatch: pyte
     with pytest.raises(RedactionError, match="more than the"):
         redact_capture_dir(tmp_path)
     assert KEY.encode() in (tmp_path / "dirty-1.capture.jsonl").read_bytes()
+
+
+def test_a_linked_proof_is_refused_before_any_file_changes(tmp_path: Path) -> None:
+    captures = tmp_path / "captures"
+    _capture_dir(captures)
+    target = tmp_path / "target.json"
+    target.write_text("{}")
+    os.symlink(target, captures / PROOF_NAME)
+    before = _digests(captures)
+    with pytest.raises(RedactionError, match=PROOF_NAME):
+        redact_capture_dir(captures)
+    assert _digests(captures) == before and target.read_text() == "{}"

@@ -158,9 +158,16 @@ def _previous_proof(root: Path) -> tuple[str | None, dict[str, Any] | None]:
     return hashlib.sha256(data).hexdigest(), parsed if isinstance(parsed, dict) else None
 
 
-def _finish(root: Path, proof: ProofBuilder, changed: list[str], *, atomic_writer: str) -> RedactionSummary:
+def _finish(
+    root: Path,
+    proof: ProofBuilder,
+    changed: list[str],
+    previous_proof: tuple[str | None, dict[str, Any] | None],
+    *,
+    atomic_writer: str,
+) -> RedactionSummary:
     """Write the proof unless nothing changed and the last proof already covers these exact files."""
-    previous_digest, previous = _previous_proof(root)
+    previous_digest, previous = previous_proof
     rendered = proof.render(previous_proof_sha256=previous_digest)
     unchanged = (
         not changed
@@ -196,12 +203,13 @@ def redact_capture_dir(path: str | os.PathLike[str]) -> RedactionSummary:
         files = _rollout_files(store)
         for _, file_path in files:
             os.close(_open_regular(file_path, max_bytes=MAX_FILE_BYTES)[0])
+        previous = _previous_proof(root)  # a linked or special proof is refused before anything changes
         proof = ProofBuilder()
         changed: list[str] = []
         for rollout_id, file_path in files:
             if _redact_rollout_file(store, rollout_id, file_path, proof, file_path.name):
                 changed.append(file_path.name)
-        return _finish(root, proof, changed, atomic_writer="store")
+        return _finish(root, proof, changed, previous, atomic_writer="store")
     finally:
         store.close()
 
@@ -227,6 +235,7 @@ def redact_capsule(path: str | os.PathLike[str]) -> RedactionSummary:
         rollout_files = _rollout_files(store) if store is not None else []
         for file_path in [p for _, p in rollout_files] + [root / name for name in others]:
             os.close(_open_regular(file_path, max_bytes=MAX_FILE_BYTES)[0])
+        previous = _previous_proof(root)
         proof = ProofBuilder()
         changed: list[str] = []
         for rollout_id, file_path in rollout_files:
@@ -235,7 +244,7 @@ def redact_capsule(path: str | os.PathLike[str]) -> RedactionSummary:
                 changed.append(name)
         for name in others:
             changed.extend(_redact_plain_file(root, name, proof))
-        return _finish(root, proof, changed, atomic_writer="capsule")
+        return _finish(root, proof, changed, previous, atomic_writer="capsule")
     finally:
         if store is not None:
             store.close()
