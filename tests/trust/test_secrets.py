@@ -63,6 +63,8 @@ def test_a_value_is_a_secret_when_its_key_names_one() -> None:
     assert [f.rule_id for f in scan_value(aws_secret, "aws_secret_access_key")] == ["aws-secret-access-key"]
     assert scan_value(value, "model") == []
     assert scan_value("hunter", "password") == []  # too short to tell from a word
+    assert scan_value("implementation", "token") == []  # a logprobs token, not a credential
+    assert scan_value("Understanding", "token") == []
 
 
 def test_low_entropy_assignments_and_placeholders_are_not_secrets() -> None:

@@ -93,6 +93,17 @@ def is_benign(value: str, *, id_shapes: bool = True) -> bool:
     return id_shapes and _BENIGN_SHAPES.match(value) is not None
 
 
+def _random_enough(rule: Rule, value: str) -> bool:
+    """For rules with an entropy floor: above it, and holding a letter and a digit, as generated
+    credentials do. A word (`implementation`, a logprobs `"token"`) has neither the digit nor,
+    usually, the entropy."""
+    if rule.entropy_floor is None:
+        return True
+    has_letter = any(c.isalpha() for c in value)
+    has_digit = any(c.isdigit() for c in value)
+    return has_letter and has_digit and shannon_entropy(value) >= rule.entropy_floor
+
+
 def _occurrences(haystack: str, needle: str) -> list[int]:
     positions = []
     index = haystack.find(needle)
@@ -127,7 +138,7 @@ def _accepted(rule: Rule, match: re.Match[str]) -> tuple[int, int] | None:
             return None
     if is_benign(value, id_shapes=rule.loose):
         return None
-    if rule.entropy_floor is not None and shannon_entropy(value) < rule.entropy_floor:
+    if not _random_enough(rule, value):
         return None
     return start, end
 
@@ -194,9 +205,7 @@ def scan_value(value: str, key: str | None = None) -> list[Finding]:
             continue
         if rule.key_pattern.fullmatch(key) is None or rule.value_pattern.fullmatch(value) is None:
             continue
-        if is_benign(value, id_shapes=rule.loose) or (
-            rule.entropy_floor is not None and shannon_entropy(value) < rule.entropy_floor
-        ):
+        if is_benign(value, id_shapes=rule.loose) or not _random_enough(rule, value):
             continue
         return [Finding(rule.id, 0, len(value))]
     return []
