@@ -68,7 +68,9 @@ def redact_text(text: str, sink: FindingSink = _ignore, where: list[str] | None 
 
 
 def _pointer_part(key: str | int) -> str:
-    return str(key) if isinstance(key, int) else key.replace("~", "~0").replace("/", "~1")
+    if isinstance(key, int):
+        return str(key)
+    return key if "~" not in key and "/" not in key else key.replace("~", "~0").replace("/", "~1")
 
 
 def _walk_strings(doc: str, visit: Callable[[str, str | None, str], str | None]) -> str:
@@ -76,30 +78,30 @@ def _walk_strings(doc: str, visit: Callable[[str, str | None, str], str | None])
     a returned string replaces that token (re-encoded), None keeps it byte for byte."""
     out: list[str] = []
     last = 0
-    # Each frame: [is_object, current key or index, expecting a key]
+    # Each frame: [is_object, current key or index, expecting a key, the container's own pointer]
     stack: list[list[Any]] = []
     for match in _TOKEN.finditer(doc):
         token = match.group()
         head = token[0]
         if head == '"':
             value = token[1:-1] if "\\" not in token else orjson.loads(token)
-            frame = stack[-1] if stack else None
-            if frame is not None and frame[0] and frame[2]:
-                frame[1] = value
-                pointer = "/".join(_pointer_part(f[1]) for f in stack)
-                replacement = visit("/" + pointer + "#key", None, value)
+            if not stack:
+                replacement = visit("", None, value)
             else:
-                pointer = "".join("/" + _pointer_part(f[1]) for f in stack)
-                key = frame[1] if frame is not None and frame[0] else None
-                replacement = visit(pointer, key, value)
+                frame = stack[-1]
+                if frame[0] and frame[2]:
+                    frame[1] = value
+                    replacement = visit(f"{frame[3]}/{_pointer_part(value)}#key", None, value)
+                else:
+                    key = frame[1] if frame[0] else None
+                    replacement = visit(f"{frame[3]}/{_pointer_part(frame[1])}", key, value)
             if replacement is not None:
                 out.append(doc[last : match.start()])
                 out.append(orjson.dumps(replacement).decode("utf-8"))
                 last = match.end()
-        elif head == "{":
-            stack.append([True, "", True])
-        elif head == "[":
-            stack.append([False, 0, False])
+        elif head in "{[":
+            base = f"{stack[-1][3]}/{_pointer_part(stack[-1][1])}" if stack else ""
+            stack.append([True, "", True, base] if head == "{" else [False, 0, False, base])
         elif head in "}]":
             if stack:
                 stack.pop()
