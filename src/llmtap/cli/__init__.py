@@ -28,6 +28,7 @@ _COMMANDS = {
     "export-evidence": "evidence:export_evidence",
     "keys": "keys:keys",
     "records": "records:records",
+    "redact": "redact:redact",
     "run": "run:run",
     "runs": "runs:runs",
     "serve": "serve:serve",

@@ -1,5 +1,56 @@
 """Trust: what makes a capsule worth sharing without trusting the person who shares it.
 
-Secret scanning and redaction with proof, validation, and signed evidence bundles that a third
-party checks offline. Nothing is imported here; each module is imported by the command that needs it.
+scan_text(text)            the credentials in a text (`secrets`, rule pack in `rules`)
+redact_record_line(line)   one JSONL record, redacted in place, still valid (`redaction`)
+redact_capture_dir(path)   every rollout file of a capture directory, plus its proof (`redact_files`)
+redact_capsule(path)       every file of a run capsule, plus its proof
+keys, evidence, verify     ed25519 keys, signed evidence bundles, offline verification
+
+The names below load on first use: `llmtap verify` never loads the scanner, nor redaction the
+signing code.
 """
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+_EXPORTS = {
+    "PROOF_NAME": "proof",
+    "ProofBuilder": "proof",
+    "RedactionSummary": "redact_files",
+    "redact_capsule": "redact_files",
+    "redact_capture_dir": "redact_files",
+    "RedactionError": "redaction",
+    "redact_json_text": "redaction",
+    "redact_record_line": "redaction",
+    "redact_stream": "redaction",
+    "redact_text": "redaction",
+    "RULE_PACK_VERSION": "rules",
+    "RULES": "rules",
+    "Rule": "rules",
+    "rule_pack_digest": "rules",
+    "RULE_PACK_DIGEST": "secrets",
+    "SCANNER_VERSION": "secrets",
+    "Finding": "secrets",
+    "scan_text": "secrets",
+    "scan_value": "secrets",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'llmtap.trust' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f"llmtap.trust.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
