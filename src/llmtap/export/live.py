@@ -83,6 +83,7 @@ class LiveExporter:
         self._drain_deadline = 0.0
         self._thread: threading.Thread | None = None
         self._counts: dict[str, int] = {"submitted": 0, "exported": 0, "batches": 0, "failed_batches": 0}
+        self._exporting = 0  # records taken off the queue whose batch is not settled yet
         self._dropped: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
         self._warned: set[str] = set()
 
@@ -118,9 +119,17 @@ class LiveExporter:
         return True
 
     def counts(self) -> dict[str, Any]:
-        """Return the counters: submitted, exported, batches, failed batches, queued, dropped by reason."""
+        """Return the counters: submitted, exported, batches, failed batches, queued, exporting, dropped by reason.
+
+        Every submitted record is in exactly one of exported, queued, exporting or dropped.
+        """
         with self._lock:
-            return {**self._counts, "queued": len(self._queue), "dropped": dict(self._dropped)}
+            return {
+                **self._counts,
+                "queued": len(self._queue),
+                "exporting": self._exporting,
+                "dropped": dict(self._dropped),
+            }
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop accepting records, send what is queued within `timeout` seconds, drop the rest."""
@@ -153,9 +162,15 @@ class LiveExporter:
                     if stopping and time.monotonic() > self._drain_deadline:
                         return
                     batch = [self._queue.popleft() for _ in range(min(self._batch_size, len(self._queue)))]
+                    self._exporting = len(batch)
                 if not batch:
                     break
-                self._export(batch)
+                try:
+                    self._export(batch)
+                except Exception:  # a bug here must not kill the worker: the batch counts as failed
+                    with self._lock:
+                        left = self._exporting
+                    self._drop(left, "export_failed", settled=True)
                 if len(batch) < self._batch_size and not stopping:
                     break
             if stopping:
@@ -179,13 +194,14 @@ class LiveExporter:
             self._counts["batches"] += 1
             if result is SpanExportResult.SUCCESS:
                 self._counts["exported"] += len(spans)
+                self._exporting -= len(spans)
             else:
                 self._counts["failed_batches"] += 1
         if result is SpanExportResult.SUCCESS:
             if self._counter is not None:
                 self._counter.observe_spans_exported(len(spans))
         else:
-            self._drop(len(spans), "export_failed")
+            self._drop(len(spans), "export_failed", settled=True)
 
     def _span(self, item: ModelCallRecord | Mapping[str, Any], rollout_id: str | None) -> ReadableSpan | None:
         try:
@@ -196,18 +212,21 @@ class LiveExporter:
                 if rollout_id is None and isinstance(item.get("rollout_id"), str):
                     rollout_id = item["rollout_id"]
             if rollout_id is None:
-                self._drop(1, "no_rollout")
+                self._drop(1, "no_rollout", settled=True)
                 return None
             span = span_for_record(record, rollout_id, resource=self._resource, content=self._content)
         except Exception:  # one odd record must not stop the worker
             span = None
         if span is None:
-            self._drop(1, "unreadable")
+            self._drop(1, "unreadable", settled=True)
         return span
 
-    def _drop(self, count: int, reason: str) -> None:
+    def _drop(self, count: int, reason: str, *, settled: bool = False) -> None:
+        """Count a drop; `settled` when the records were taken off the queue for export."""
         with self._lock:
             self._dropped[reason] += count
+            if settled:
+                self._exporting -= count
         if self._counter is not None:
             self._counter.observe_spans_dropped(count, reason)
         self._warn_once(reason, f"llmtap dropped OTLP spans: reason={reason} (counted; the records stay in the store)")
