@@ -25,6 +25,8 @@ _COMMANDS = {
     "attach": "collect:attach",
     "collect": "collect:collect",
     "demo": "demo:demo",
+    "export": "export:export",
+    "query": "query:query",
     "records": "records:records",
     "run": "run:run",
     "runs": "runs:runs",

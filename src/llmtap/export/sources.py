@@ -12,7 +12,7 @@ from ..errors import LlmtapError
 from ..readers import RolloutCalls, read_rollout_calls
 from ..store import CaptureStore
 
-__all__ = ["ExportError", "CaptureSource", "open_source"]
+__all__ = ["CaptureSource", "ExportError", "open_source"]
 
 
 class ExportError(LlmtapError):

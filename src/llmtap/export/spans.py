@@ -226,4 +226,4 @@ def _json(value: Any) -> str:
 
 
 def _nanoseconds(seconds: float) -> int:
-    return int(round(seconds * 1_000_000_000))
+    return round(seconds * 1_000_000_000)

@@ -1,0 +1,223 @@
+"""`llmtap export parquet`: the store as `calls` and `rollouts` Parquet tables, incrementally.
+
+Each run appends only what is new. For every rollout the state file keeps the capture file's
+device, inode and size as last read, and the first `call_index` not yet exported. A rollout whose
+file has the same identity and size is not read at all; one that grew is read through the
+store's reader and only calls at or after that index become rows (the index counts damaged lines
+too, so it never shifts); one whose file was replaced or shrank (a `clear()` and a new attempt)
+is exported again from its first call, as the new calls they are. The size is taken before the
+read, so a line appended during the read is caught by the next run, and the index keeps it from
+being written twice. An unterminated last line is not a call yet: it is exported once whole.
+
+A rollout with new calls also gets a new `rollouts` row (its metrics over all its calls), as does
+one whose attached row changed: `rollouts` rows are versions, and the newest `export_run` per
+`rollout_id` is the current one (`llmtap query` shows only that). Memory holds one rollout's
+records, a few row batches and the state (about 60 bytes per rollout), whatever the store's size.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from ..readers import RolloutCalls
+from .parquet_files import ExportState, PartitionedWriter, RolloutState, open_export_dir, save_state
+from .sources import ExportError, open_source
+from .tables import CALLS_SCHEMA, ROLLOUTS_SCHEMA, AttachedRollout, attached_rollout, call_row, date_of, rollout_row
+
+__all__ = ["DEFAULT_BATCH_ROWS", "ParquetReport", "export_parquet"]
+
+DEFAULT_BATCH_ROWS = 20_000
+MAX_ATTACHED_LINE_BYTES = 256 << 20  # an attached row carries its trajectory; a longer line is skipped
+
+
+@dataclass
+class ParquetReport:
+    """What one Parquet export run did."""
+
+    out_dir: Path
+    export_run: int = 0
+    rollouts: int = 0
+    rollouts_read: int = 0
+    rollouts_replaced: int = 0
+    calls_written: int = 0
+    rollout_rows_written: int = 0
+    unreadable_lines: int = 0
+    refused_files: list[str] = field(default_factory=list)
+    attached_rows: int = 0
+    attached_bad_lines: int = 0
+    files: list[Path] = field(default_factory=list)
+
+
+def export_parquet(
+    path: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    payloads: bool = False,
+    rollouts_file: str | os.PathLike[str] | None = None,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    progress: Callable[[ParquetReport], None] | None = None,
+) -> ParquetReport:
+    """Append the calls and rollouts under `path` that `out_dir` does not hold yet.
+
+    `payloads` adds the request and response as JSON text columns. `rollouts_file`, a rollouts
+    JSONL with `ng_model_call_capture` attached (`llmtap attach`), adds each rollout's reward and
+    terminal attribution. A run either commits whole or leaves `out_dir` as it was.
+
+    Usage::
+
+        report = export_parquet("/abs/model-calls", "/abs/export")
+        # duckdb: SELECT model, count(*) FROM 'export/calls/**/*.parquet' GROUP BY model
+    """
+    if batch_rows < 1:
+        raise ExportError(f"The batch size {batch_rows} is out of range; use at least 1 row.")
+    source = open_source(path)
+    target = Path(out_dir)
+    state = open_export_dir(target)
+    attached = _read_attached(Path(rollouts_file)) if rollouts_file is not None else None
+    run = state.committed_run + 1
+    report = ParquetReport(out_dir=target, export_run=run)
+    if attached is not None:
+        report.attached_rows = len(attached[0])
+        report.attached_bad_lines = attached[1]
+    calls = PartitionedWriter(target / "calls", CALLS_SCHEMA, run, batch_rows=batch_rows)
+    rollouts = PartitionedWriter(target / "rollouts", ROLLOUTS_SCHEMA, run, batch_rows=batch_rows)
+    exported_at = time.time()
+    try:
+        for rollout_id in source.rollouts():
+            report.rollouts += 1
+            identity = _identity(source.store.path_for(rollout_id))
+            if identity is False:
+                report.refused_files.append(rollout_id)
+                continue
+            found = attached[0].get(rollout_id) if attached is not None else None
+            previous = state.rollouts.get(rollout_id)
+            if previous is not None and _unchanged(previous, identity, found):
+                continue
+            read = source.read(rollout_id)
+            report.rollouts_read += 1
+            start = _first_new_index(previous, identity)
+            if previous is not None and start == 0:
+                report.rollouts_replaced += 1
+            memo: dict[bytes, list[dict[str, object]]] = {}
+            for record in read.records:
+                if record.call_index >= start:
+                    calls.add(date_of(record.started_at), call_row(record, rollout_id, run, payloads=payloads, memo=memo))
+            report.unreadable_lines += sum(1 for index in read.unreadable_lines if index >= start)
+            kept = found if found is not None else _attached_from(previous)
+            row = rollout_row(read, run, exported_at, kept)
+            rollouts.add(date_of(_first_start(read)), row)
+            state.rollouts[rollout_id] = RolloutState(
+                device=identity[0] if identity else None,
+                inode=identity[1] if identity else None,
+                size=identity[2] if identity else None,
+                next_index=_next_index(read, start),
+                attached=_attached_json(kept),
+            )
+            if progress is not None and report.rollouts_read % 1000 == 0:
+                progress(report)
+        report.files = calls.finish() + rollouts.finish()
+        report.calls_written = calls.rows_written
+        report.rollout_rows_written = rollouts.rows_written
+        state.committed_run = run
+        save_state(target, state)
+    except BaseException:
+        calls.abort()
+        rollouts.abort()
+        raise
+    return report
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None | bool:
+    """(device, inode, size) of a capture file; None when there is none; False when it is not a regular file."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return False  # a link or special file in the store is not read (a FIFO would block the export)
+    return info.st_dev, info.st_ino, info.st_size
+
+
+def _unchanged(previous: RolloutState, identity: tuple[int, int, int] | None, found: AttachedRollout | None) -> bool:
+    same_file = (previous.device, previous.inode, previous.size) == (identity or (None, None, None))
+    same_attachment = found is None or _attached_json(found) == previous.attached
+    return same_file and same_attachment
+
+
+def _first_new_index(previous: RolloutState | None, identity: tuple[int, int, int] | None) -> int:
+    """The first call_index to export: after the last export when the file only grew, else 0."""
+    if previous is None or identity is None or previous.inode is None or previous.size is None:
+        return 0
+    if (previous.device, previous.inode) != identity[:2] or identity[2] < previous.size:
+        return 0
+    return previous.next_index
+
+
+def _next_index(read: RolloutCalls, start: int) -> int:
+    indexes = [record.call_index for record in read.records] + list(read.unreadable_lines)
+    return max(start, max(indexes) + 1) if indexes else start
+
+
+def _first_start(read: RolloutCalls) -> float | None:
+    starts = [record.started_at for record in read.records if record.started_at is not None]
+    return min(starts) if starts else None
+
+
+def _attached_json(found: AttachedRollout | None) -> list[object] | None:
+    if found is None:
+        return None
+    return [getattr(found, name) for name in AttachedRollout.__slots__]
+
+
+def _attached_from(previous: RolloutState | None) -> AttachedRollout | None:
+    if previous is None or previous.attached is None or len(previous.attached) != len(AttachedRollout.__slots__):
+        return None
+    try:
+        return AttachedRollout(*previous.attached)
+    except TypeError:
+        return None
+
+
+def _read_attached(path: Path) -> tuple[dict[str, AttachedRollout], int]:
+    """Read reward and attribution per rollout from an attached rollouts file; (by rollout id, bad lines)."""
+    found: dict[str, AttachedRollout] = {}
+    bad = 0
+    for line in _lines(path):
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            bad += 1
+            continue
+        attached = attached_rollout(row) if isinstance(row, dict) else None
+        if attached is None:
+            bad += 1
+            continue
+        found[attached[0]] = attached[1]
+    return found, bad
+
+
+def _lines(path: Path) -> Iterator[bytes]:
+    """The non-blank lines of a regular file (never a link or FIFO); a line over the bound is skipped whole."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ExportError(f"Could not open the rollouts file '{path}' ({exc.strerror}); is it a link?") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ExportError(f"The rollouts file '{path}' is not a regular file.")
+    with os.fdopen(fd, "rb") as handle:
+        while line := handle.readline(MAX_ATTACHED_LINE_BYTES + 1):
+            if len(line) > MAX_ATTACHED_LINE_BYTES and not line.endswith(b"\n"):
+                while (rest := handle.readline(1 << 20)) and not rest.endswith(b"\n"):
+                    pass
+                yield b"{"  # counted as a bad line by the caller
+                continue
+            if line.strip():
+                yield line
