@@ -113,7 +113,7 @@ def otlp_receiver(*, status: int = 200, delay: float = 0.0) -> Iterator[Receiver
     receiver = Receiver(status=status, delay=delay)
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the http.server hook name
+        def do_POST(self) -> None:  # the http.server hook name
             length = int(self.headers.get("content-length", "0"))
             body = self.rfile.read(length)
             if self.headers.get("content-encoding") == "gzip":
@@ -137,7 +137,7 @@ def otlp_receiver(*, status: int = 200, delay: float = 0.0) -> Iterator[Receiver
             self.end_headers()
             self.wfile.write(payload)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet test server
+        def log_message(self, format: str, *args: Any) -> None:  # a quiet test server
             return
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -56,7 +56,7 @@ def _expected(record: ModelCallRecord) -> dict[str, Any]:
 
 
 def test_every_fixture_becomes_one_span_with_the_records_attributes(fixture_store: Store) -> None:
-    root, rollouts = fixture_store
+    root, _ = fixture_store
     records = _records(root)
     with otlp_receiver() as receiver:
         report = export_otlp(root, endpoint=receiver.url, content=False, batch_size=10)

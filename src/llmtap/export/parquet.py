@@ -4,8 +4,10 @@ Each run appends only what is new. For every rollout the state file keeps the ca
 device, inode and size as last read, and the first `call_index` not yet exported. A rollout whose
 file has the same identity and size is not read at all; one that grew is read through the
 store's reader and only calls at or after that index become rows (the index counts damaged lines
-too, so it never shifts); one whose file was replaced or shrank (a `clear()` and a new attempt)
-is exported again from its first call, as the new calls they are. The size is taken before the
+too, so it never shifts). A file with another inode but the same first call is the same file
+copied or restored (`cp -r`, rsync, a backup) and goes on from the same index; one that shrank or
+starts with another call was cleared and captured again, and is exported from its first call,
+as the new calls they are. The size is taken before the
 read, so a line appended during the read is caught by the next run, and the index keeps it from
 being written twice. An unterminated last line is not a call yet: it is exported once whole.
 
@@ -102,22 +104,28 @@ def export_parquet(
                 continue
             read = source.read(rollout_id)
             report.rollouts_read += 1
-            start = _first_new_index(previous, identity)
+            start = _first_new_index(previous, identity, read)
             if previous is not None and start == 0:
                 report.rollouts_replaced += 1
             memo: dict[bytes, list[dict[str, object]]] = {}
+            new_calls = 0
             for record in read.records:
                 if record.call_index >= start:
+                    new_calls += 1
                     calls.add(date_of(record.started_at), call_row(record, rollout_id, run, payloads=payloads, memo=memo))
-            report.unreadable_lines += sum(1 for index in read.unreadable_lines if index >= start)
+            new_damaged = sum(1 for index in read.unreadable_lines if index >= start)
+            report.unreadable_lines += new_damaged
             kept = found if found is not None else _attached_from(previous)
-            row = rollout_row(read, run, exported_at, kept)
-            rollouts.add(date_of(_first_start(read)), row)
+            attachment_changed = found is not None and (previous is None or _attached_json(found) != previous.attached)
+            # A file only copied elsewhere, with nothing new, needs no new version of its rollout row.
+            if previous is None or start == 0 or new_calls or new_damaged or attachment_changed:
+                rollouts.add(date_of(_first_start(read)), rollout_row(read, run, exported_at, kept))
             state.rollouts[rollout_id] = RolloutState(
                 device=identity[0] if identity else None,
                 inode=identity[1] if identity else None,
                 size=identity[2] if identity else None,
                 next_index=_next_index(read, start),
+                first_call_id=_first_call_id(read),
                 attached=_attached_json(kept),
             )
             if progress is not None and report.rollouts_read % 1000 == 0:
@@ -151,18 +159,29 @@ def _unchanged(previous: RolloutState, identity: tuple[int, int, int] | None, fo
     return same_file and same_attachment
 
 
-def _first_new_index(previous: RolloutState | None, identity: tuple[int, int, int] | None) -> int:
-    """The first call_index to export: after the last export when the file only grew, else 0."""
-    if previous is None or identity is None or previous.inode is None or previous.size is None:
+def _first_new_index(
+    previous: RolloutState | None, identity: tuple[int, int, int] | None, read: RolloutCalls
+) -> int:
+    """The first call_index to export: after the last export when the file only grew, else 0.
+
+    The same file is the same device and inode, or (copied, restored, moved to another disk) the
+    same first call; a file that shrank, or starts with another call, was cleared and captured anew.
+    """
+    if previous is None or identity is None or previous.size is None or identity[2] < previous.size:
         return 0
-    if (previous.device, previous.inode) != identity[:2] or identity[2] < previous.size:
-        return 0
-    return previous.next_index
+    same_inode = (previous.device, previous.inode) == identity[:2]
+    same_start = previous.first_call_id is not None and previous.first_call_id == _first_call_id(read)
+    return previous.next_index if same_inode or same_start else 0
 
 
 def _next_index(read: RolloutCalls, start: int) -> int:
     indexes = [record.call_index for record in read.records] + list(read.unreadable_lines)
     return max(start, max(indexes) + 1) if indexes else start
+
+
+def _first_call_id(read: RolloutCalls) -> str | None:
+    first = read.records[0] if read.records else None
+    return first.model_call_id if first is not None and first.call_index == 0 else None
 
 
 def _first_start(read: RolloutCalls) -> float | None:

@@ -46,24 +46,29 @@ class RolloutState:
     """What the last committed run read of one rollout's capture file.
 
     `device`/`inode`/`size` identify the file and how much of it was there (None when it had no
-    data file); `next_index` is the first `call_index` not yet exported; `attached` the attached
-    row's values last seen (kept so later versions of the rollout row carry them).
+    data file); `next_index` is the first `call_index` not yet exported; `first_call_id` the
+    `model_call_id` at index 0, which recognises the same file copied or restored elsewhere;
+    `attached` the attached row's values last seen (kept so later versions of the rollout row
+    carry them).
     """
 
     device: int | None
     inode: int | None
     size: int | None
     next_index: int
+    first_call_id: str | None = None
     attached: list[Any] | None = None
 
     def to_json(self) -> list[Any]:
-        return [self.device, self.inode, self.size, self.next_index, self.attached]
+        return [self.device, self.inode, self.size, self.next_index, self.first_call_id, self.attached]
 
     @classmethod
     def from_json(cls, value: Any) -> RolloutState:
-        if not isinstance(value, list) or len(value) != 5:
-            raise ValueError("a rollout entry is not a list of five values")
-        device, inode, size, next_index, attached = value
+        if not isinstance(value, list) or len(value) != 6:
+            raise ValueError("a rollout entry is not a list of six values")
+        device, inode, size, next_index, first_call_id, attached = value
+        if first_call_id is not None and not isinstance(first_call_id, str):
+            raise ValueError("first_call_id is not a string")
         for number in (device, inode, size):
             if number is not None and (not isinstance(number, int) or number < 0):
                 raise ValueError("a file identity is not a non-negative integer")
@@ -71,7 +76,7 @@ class RolloutState:
             raise ValueError("next_index is not a non-negative integer")
         if attached is not None and not isinstance(attached, list):
             raise ValueError("attached is not a list")
-        return cls(device, inode, size, next_index, attached)
+        return cls(device, inode, size, next_index, first_call_id, attached)
 
 
 @dataclass

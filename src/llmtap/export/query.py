@@ -47,6 +47,7 @@ def export_dir_for(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike
 def connect(export_dir: Path) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the `calls` and `rollouts` views over `export_dir`."""
     connection = duckdb.connect(":memory:")
+    connection.execute("SET TimeZone = 'UTC'")  # hours and dates group in UTC, whatever the machine's zone
     calls = _source(connection, export_dir / "calls", CALLS_SCHEMA, "empty_calls")
     rollouts = _source(connection, export_dir / "rollouts", ROLLOUTS_SCHEMA, "empty_rollouts")
     connection.execute(f"CREATE VIEW calls AS SELECT * FROM {calls}")
