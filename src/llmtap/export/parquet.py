@@ -29,7 +29,7 @@ from pathlib import Path
 import orjson
 
 from ..readers import RolloutCalls
-from .parquet_files import ExportState, PartitionedWriter, RolloutState, open_export_dir, save_state
+from .parquet_files import PartitionedWriter, RolloutState, open_export_dir, save_state
 from .sources import ExportError, open_source
 from .tables import CALLS_SCHEMA, ROLLOUTS_SCHEMA, AttachedRollout, attached_rollout, call_row, date_of, rollout_row
 
@@ -94,8 +94,9 @@ def export_parquet(
     try:
         for rollout_id in source.rollouts():
             report.rollouts += 1
-            identity = _identity(source.store.path_for(rollout_id))
-            if identity is False:
+            try:
+                identity = _identity(source.store.path_for(rollout_id))
+            except _NotRegularFile:
                 report.refused_files.append(rollout_id)
                 continue
             found = attached[0].get(rollout_id) if attached is not None else None
@@ -142,14 +143,18 @@ def export_parquet(
     return report
 
 
-def _identity(path: Path) -> tuple[int, int, int] | None | bool:
-    """(device, inode, size) of a capture file; None when there is none; False when it is not a regular file."""
+class _NotRegularFile(Exception):
+    """A capture file that is a link or a special file: not read (a FIFO would block the export)."""
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """(device, inode, size) of a capture file; None when there is none; _NotRegularFile for a link or FIFO."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
         return None
     if not stat.S_ISREG(info.st_mode):
-        return False  # a link or special file in the store is not read (a FIFO would block the export)
+        raise _NotRegularFile(path)
     return info.st_dev, info.st_ino, info.st_size
 
 

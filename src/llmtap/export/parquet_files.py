@@ -15,6 +15,7 @@ the export or checked to be real directories, part files are created exclusively
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
@@ -296,11 +297,9 @@ class PartitionedWriter:
     def abort(self) -> None:
         """Close and delete whatever this run wrote (the state is left as it was)."""
         for part in [*self._open.values(), *self._closed]:
-            try:
+            with contextlib.suppress(Exception):  # already closed, or the disk failed: the files go either way
                 part.writer.close()
                 part.handle.close()
-            except Exception:  # already closed, or the disk failed: the files go either way
-                pass
             for path in (part.temporary, part.final):
                 path.unlink(missing_ok=True)
         self._open.clear()
