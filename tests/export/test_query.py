@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from llmtap import CaptureStore, aggregate_model_call_metrics, read_model_call_records
 from llmtap.cli import main
+from llmtap.export.examples import QUESTIONS
 from llmtap.export.query import run_query
 from llmtap.export.sources import ExportError
 from llmtap.export.tables import delivered_tool_results
@@ -25,26 +26,11 @@ from tests.fixtures import RecordedExchange, fixture
 Store = tuple[Path, dict[str, list[str]]]
 README = Path(__file__).resolve().parents[2] / "README.md"
 
-ERROR_RATE_BY_MODEL = """SELECT model, count(*) AS calls, round(avg(is_error::INT), 3) AS error_rate
-FROM calls GROUP BY model ORDER BY error_rate DESC, calls DESC, model"""
-
-P95_TTFT_BY_HOUR = """SELECT date_trunc('hour', started_at) AS hour, count(latency_ttft_ms) AS calls,
-       quantile_cont(latency_ttft_ms, 0.95) AS p95_ttft_ms
-FROM calls WHERE stream GROUP BY hour ORDER BY hour"""
-
-TOKENS_PER_ROLLOUT = """SELECT rollout_id, num_calls, tokens_in, tokens_out, tokens_total, reward
-FROM rollouts ORDER BY tokens_total DESC NULLS LAST, rollout_id LIMIT 20"""
-
-TOOL_FAILURES = """WITH results AS (SELECT unnest(tool_result_names) AS tool FROM calls),
-     failures AS (SELECT unnest(tool_error_names) AS tool FROM calls)
-SELECT tool, count(*) AS results,
-       (SELECT count(*) FROM failures f WHERE f.tool = r.tool) AS failures
-FROM results r GROUP BY tool ORDER BY failures DESC, results DESC, tool"""
-
-ERRORS_BY_CATEGORY = """SELECT dialect, error_category, count(*) AS calls
-FROM calls WHERE is_error GROUP BY ALL ORDER BY calls DESC, dialect, error_category"""
-
-README_QUERIES = (ERROR_RATE_BY_MODEL, P95_TTFT_BY_HOUR, TOKENS_PER_ROLLOUT, TOOL_FAILURES, ERRORS_BY_CATEGORY)
+ERROR_RATE_BY_MODEL = QUESTIONS["error rate by model"]
+P95_TTFT_BY_HOUR = QUESTIONS["p95 TTFT by hour"]
+TOKENS_PER_ROLLOUT = QUESTIONS["tokens per rollout"]
+TOOL_FAILURES = QUESTIONS["which tool fails most"]
+ERRORS_BY_CATEGORY = QUESTIONS["errors by dialect and category"]
 
 
 def _records(root: Path) -> list[tuple[str, ModelCallRecord]]:
@@ -61,7 +47,7 @@ def _quantile_cont(values: list[float], fraction: float) -> float:
 
 def test_every_readme_query_is_in_the_readme() -> None:
     text = README.read_text()
-    for sql in README_QUERIES:
+    for sql in QUESTIONS.values():
         assert sql in text, sql.splitlines()[0]
 
 

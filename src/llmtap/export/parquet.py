@@ -89,7 +89,8 @@ def export_parquet(
         report.attached_rows = len(attached[0])
         report.attached_bad_lines = attached[1]
     calls = PartitionedWriter(target / "calls", CALLS_SCHEMA, run, batch_rows=batch_rows)
-    rollouts = PartitionedWriter(target / "rollouts", ROLLOUTS_SCHEMA, run, batch_rows=batch_rows)
+    # A rollout row is one per ten or so calls: a smaller batch keeps its buffer as small as the calls'.
+    rollouts = PartitionedWriter(target / "rollouts", ROLLOUTS_SCHEMA, run, batch_rows=max(1, batch_rows // 4))
     exported_at = time.time()
     try:
         for rollout_id in source.rollouts():
