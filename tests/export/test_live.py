@@ -152,3 +152,17 @@ def test_submits_from_many_threads_are_all_accounted_for(fixture_store: Store) -
     counts = live.counts()
     assert counts["submitted"] + counts["dropped"]["queue_full"] == 4 * 84
     assert counts["exported"] == counts["submitted"] == len(receiver.spans())
+
+
+def test_large_content_is_sent_in_requests_bounded_by_size(fixture_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, _ = fixture_store
+    import llmtap.export.live as live_module
+
+    monkeypatch.setattr(live_module, "MAX_BATCH_BYTES", 20_000)
+    with otlp_receiver() as receiver:
+        live = LiveExporter(span_exporter(receiver.url), batch_size=84, flush_interval=0.05, content=True).start()
+        for line in _lines(root):
+            live.submit(line)
+        live.close(timeout=10)
+    assert live.counts()["exported"] == 84 and len(receiver.spans()) == 84
+    assert len(receiver.requests) > 3

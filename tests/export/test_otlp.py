@@ -210,3 +210,21 @@ def test_endpoint_forms() -> None:
     assert traces_endpoint(None) is None
     with pytest.raises(ExportError):
         traces_endpoint("c:4318")
+
+
+def test_large_message_content_splits_batches_by_size(fixture_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, _ = fixture_store
+    import llmtap.export.otlp as otlp_module
+
+    monkeypatch.setattr(otlp_module, "MAX_BATCH_BYTES", 20_000)
+    with otlp_receiver() as receiver:
+        report = export_otlp(root, endpoint=receiver.url, content=True)
+    assert report.ok and report.exported == 84 and report.batches > 3
+    assert len(receiver.requests) == report.batches
+    for request in receiver.requests:
+        spans = [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
+        weights = [
+            1024 + sum(len(attributes_of(span).get(name, "")) for name in (names.INPUT_MESSAGES, names.OUTPUT_MESSAGES))
+            for span in spans
+        ]
+        assert sum(weights[:-1]) < 20_000  # a batch closes at the span that reaches the bound

@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..records import ModelCallRecord
-from .spans import content_capture_enabled, default_resource, span_for_record
+from .otlp import MAX_BATCH_BYTES
+from .spans import content_capture_enabled, default_resource, span_for_record, span_weight
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
@@ -182,8 +183,19 @@ class LiveExporter:
             span = self._span(item, rollout_id)
             if span is not None:
                 spans.append(span)
-        if not spans:
-            return
+        # Message content can make a batch large: send it in requests of about MAX_BATCH_BYTES.
+        chunk: list[ReadableSpan] = []
+        weight = 0
+        for span in spans:
+            chunk.append(span)
+            weight += span_weight(span)
+            if weight >= MAX_BATCH_BYTES:
+                self._send(chunk)
+                chunk, weight = [], 0
+        if chunk:
+            self._send(chunk)
+
+    def _send(self, spans: list[ReadableSpan]) -> None:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
         try:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from .sources import ExportError, open_source
-from .spans import content_capture_enabled, default_resource, span_for_record
+from .spans import content_capture_enabled, default_resource, span_for_record, span_weight
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -26,6 +26,8 @@ __all__ = ["DEFAULT_BATCH_SIZE", "OtlpReport", "export_otlp", "span_exporter", "
 
 DEFAULT_BATCH_SIZE = 512  # the SDK's BatchSpanProcessor default: what collectors are sized for
 MAX_BATCH_SIZE = 10_000
+# Message content can make spans large; a request stays well under the collector's usual 20 MiB limit.
+MAX_BATCH_BYTES = 8 << 20
 _TRACES_PATH = "/v1/traces"
 
 
@@ -85,6 +87,7 @@ def export_otlp(
 ) -> OtlpReport:
     """Send one span per call under `path` to an OTLP/HTTP collector and report the counts.
 
+    Batches hold at most `batch_size` spans and about `MAX_BATCH_BYTES` of message content.
     `content=None` follows `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`. Stops at the first
     batch that fails (`report.failed` spans in it, `report.not_sent` after it). Raises ExportError
     for a path that is not a capture directory or capsule, or a bad endpoint.
@@ -103,6 +106,7 @@ def export_otlp(
     report = OtlpReport(endpoint=getattr(exporter, "_endpoint", endpoint or ""))
     resource = default_resource()
     batch: list[ReadableSpan] = []
+    weight = 0
     try:
         for calls in source.each_rollout():
             report.rollouts += 1
@@ -117,9 +121,10 @@ def export_otlp(
                     report.skipped_no_time += 1
                     continue
                 batch.append(span)
-                if len(batch) >= batch_size:
+                weight += span_weight(span)
+                if len(batch) >= batch_size or weight >= MAX_BATCH_BYTES:
                     _send(exporter, batch, report)
-                    batch = []
+                    batch, weight = [], 0
                     if progress is not None:
                         progress(report)
         if batch and not report.failed:

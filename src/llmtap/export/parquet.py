@@ -14,7 +14,7 @@ being written twice. An unterminated last line is not a call yet: it is exported
 A rollout with new calls also gets a new `rollouts` row (its metrics over all its calls), as does
 one whose attached row changed: `rollouts` rows are versions, and the newest `export_run` per
 `rollout_id` is the current one (`llmtap query` shows only that). Memory holds one rollout's
-records, a few row batches and the state (about 60 bytes per rollout), whatever the store's size.
+records, a few row batches and the state (one small entry per rollout), whatever the number of calls.
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ __all__ = [
     "genai_messages",
     "span_attributes",
     "span_for_record",
+    "span_weight",
     "span_id_for_call",
     "trace_id_for_rollout",
 ]
@@ -115,6 +116,17 @@ def span_for_record(
         end_time=max(_nanoseconds(end), _nanoseconds(start)),
         instrumentation_scope=_SCOPE,
     )
+
+
+def span_weight(span: ReadableSpan) -> int:
+    """About how many bytes a span adds to an export request: its content attributes dominate."""
+    attributes = span.attributes or {}
+    weight = 1024
+    for name in (names.INPUT_MESSAGES, names.OUTPUT_MESSAGES):
+        value = attributes.get(name)
+        if isinstance(value, str):
+            weight += len(value)
+    return weight
 
 
 def span_attributes(record: ModelCallRecord, rollout_id: str, *, content: bool = False) -> dict[str, Any]:
