@@ -79,7 +79,7 @@ class Progress:
 
 
 def measure_readers(capture_dir: Path) -> dict[str, Any]:
-    from llmtap import CaptureStore
+    from llmtap.store import CaptureStore
     from llmtap.readers import read_rollout_calls
 
     store = CaptureStore(capture_dir, create=False)
@@ -161,7 +161,7 @@ def measure_otlp(capture_dir: Path, endpoint: str) -> dict[str, Any]:
 
 def measure_live(capture_dir: Path, endpoint: str, limit: int) -> dict[str, Any]:
     """Submit cost on the caller's thread: a tight loop (the queue's bound shows), then paced calls."""
-    from llmtap import CaptureStore
+    from llmtap.store import CaptureStore
     from llmtap.export.live import LiveExporter
     from llmtap.export.otlp import span_exporter
 
@@ -176,7 +176,7 @@ def measure_live(capture_dir: Path, endpoint: str, limit: int) -> dict[str, Any]
     sink: list[dict[str, Any]] = []
     started = time.perf_counter()
     for line in lines:
-        sink.append(line)
+        sink.append(line)  # noqa: PERF402 - the loop itself is the baseline
     figures["tight_append_seconds"] = time.perf_counter() - started
     live = LiveExporter(span_exporter(endpoint)).start()
     started = time.perf_counter()
@@ -264,17 +264,18 @@ def subprocess_figures(*args: str) -> dict[str, Any]:
 
 
 def measure(args: list[str]) -> None:
-    mode, rest = args[0], [Path(value) if "/" in value else value for value in args[1:]]
+    """Subprocess entry: run one measurement and print its figures as one JSON line."""
+    mode = args[0]
     if mode == "readers":
-        figures = measure_readers(*rest)
+        figures = measure_readers(Path(args[1]))
     elif mode == "parquet":
-        figures = measure_parquet(*rest)
+        figures = measure_parquet(Path(args[1]), Path(args[2]), Path(args[3]))
     elif mode == "query":
-        figures = measure_queries(*rest)
+        figures = measure_queries(Path(args[1]))
     elif mode == "otlp":
-        figures = measure_otlp(rest[0], str(args[2]))
+        figures = measure_otlp(Path(args[1]), args[2])
     elif mode == "live":
-        figures = measure_live(rest[0], str(args[2]), int(args[3]))
+        figures = measure_live(Path(args[1]), args[2], int(args[3]))
     else:
         raise SystemExit(f"unknown mode {mode}")
     print(orjson.dumps(figures).decode())

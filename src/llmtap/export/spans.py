@@ -37,8 +37,8 @@ __all__ = [
     "genai_messages",
     "span_attributes",
     "span_for_record",
-    "span_weight",
     "span_id_for_call",
+    "span_weight",
     "trace_id_for_rollout",
 ]
 
