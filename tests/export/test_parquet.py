@@ -297,3 +297,26 @@ def test_a_copied_store_goes_on_from_where_the_export_stopped(fixture_store: Sto
     assert (report.calls_written, report.rollouts_replaced) == (1, 0)
     assert len(_table(out, "calls")) == 85
     assert report.rollout_rows_written == 1  # only chat-0 changed
+
+
+def test_two_runs_at_once_take_turns_and_write_each_call_once(fixture_store: Store, tmp_path: Path) -> None:
+    import threading
+
+    root, _ = fixture_store
+    out = tmp_path / "out"
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            export_parquet(root, out, batch_rows=5)
+        except BaseException as exc:  # collected for the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    rows = _table(out, "calls")
+    assert len(rows) == 84 and len({row["model_call_id"] for row in rows}) == 84

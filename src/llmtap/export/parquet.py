@@ -29,8 +29,8 @@ from pathlib import Path
 import orjson
 
 from ..readers import RolloutCalls
-from .parquet_files import PartitionedWriter, RolloutState, open_export_dir, save_state
-from .sources import ExportError, open_source
+from .parquet_files import PartitionedWriter, RolloutState, export_lock, open_export_dir, save_state
+from .sources import CaptureSource, ExportError, open_source
 from .tables import CALLS_SCHEMA, ROLLOUTS_SCHEMA, AttachedRollout, attached_rollout, call_row, date_of, rollout_row
 
 __all__ = ["DEFAULT_BATCH_ROWS", "ParquetReport", "export_parquet"]
@@ -81,8 +81,21 @@ def export_parquet(
         raise ExportError(f"The batch size {batch_rows} is out of range; use at least 1 row.")
     source = open_source(path)
     target = Path(out_dir)
-    state = open_export_dir(target)
     attached = _read_attached(Path(rollouts_file)) if rollouts_file is not None else None
+    with export_lock(target):
+        return _export_locked(source, target, attached, payloads=payloads, batch_rows=batch_rows, progress=progress)
+
+
+def _export_locked(
+    source: CaptureSource,
+    target: Path,
+    attached: tuple[dict[str, AttachedRollout], int] | None,
+    *,
+    payloads: bool,
+    batch_rows: int,
+    progress: Callable[[ParquetReport], None] | None,
+) -> ParquetReport:
+    state = open_export_dir(target)
     run = state.committed_run + 1
     report = ParquetReport(out_dir=target, export_run=run)
     if attached is not None:
@@ -91,7 +104,7 @@ def export_parquet(
     calls = PartitionedWriter(target / "calls", CALLS_SCHEMA, run, batch_rows=batch_rows)
     # A rollout row is one per ten or so calls: a smaller batch keeps its buffer as small as the calls'.
     rollouts = PartitionedWriter(target / "rollouts", ROLLOUTS_SCHEMA, run, batch_rows=max(1, batch_rows // 4))
-    exported_at = time.time()
+    writers = _Writers(calls, rollouts, run, time.time(), payloads)
     try:
         for rollout_id in source.rollouts():
             report.rollouts += 1
@@ -106,30 +119,7 @@ def export_parquet(
                 continue
             read = source.read(rollout_id)
             report.rollouts_read += 1
-            start = _first_new_index(previous, identity, read)
-            if previous is not None and start == 0:
-                report.rollouts_replaced += 1
-            memo: dict[bytes, list[dict[str, object]]] = {}
-            new_calls = 0
-            for record in read.records:
-                if record.call_index >= start:
-                    new_calls += 1
-                    calls.add(date_of(record.started_at), call_row(record, rollout_id, run, payloads=payloads, memo=memo))
-            new_damaged = sum(1 for index in read.unreadable_lines if index >= start)
-            report.unreadable_lines += new_damaged
-            kept = found if found is not None else _attached_from(previous)
-            attachment_changed = found is not None and (previous is None or _attached_json(found) != previous.attached)
-            # A file only copied elsewhere, with nothing new, needs no new version of its rollout row.
-            if previous is None or start == 0 or new_calls or new_damaged or attachment_changed:
-                rollouts.add(date_of(_first_start(read)), rollout_row(read, run, exported_at, kept))
-            state.rollouts[rollout_id] = RolloutState(
-                device=identity[0] if identity else None,
-                inode=identity[1] if identity else None,
-                size=identity[2] if identity else None,
-                next_index=_next_index(read, start),
-                first_call_id=_first_call_id(read),
-                attached=_attached_json(kept),
-            )
+            state.rollouts[rollout_id] = _export_rollout(read, identity, previous, found, writers, report)
             if progress is not None and report.rollouts_read % 1000 == 0:
                 progress(report)
         report.files = calls.finish() + rollouts.finish()
@@ -142,6 +132,53 @@ def export_parquet(
         rollouts.abort()
         raise
     return report
+
+
+@dataclass(frozen=True)
+class _Writers:
+    """What every rollout of one run writes into."""
+
+    calls: PartitionedWriter
+    rollouts: PartitionedWriter
+    run: int
+    exported_at: float
+    payloads: bool
+
+
+def _export_rollout(
+    read: RolloutCalls,
+    identity: tuple[int, int, int] | None,
+    previous: RolloutState | None,
+    found: AttachedRollout | None,
+    writers: _Writers,
+    report: ParquetReport,
+) -> RolloutState:
+    """Write one read rollout's new calls and, when it changed, a new version of its row; return its state."""
+    start = _first_new_index(previous, identity, read)
+    if previous is not None and start == 0:
+        report.rollouts_replaced += 1
+    memo: dict[bytes, list[dict[str, object]]] = {}
+    new_calls = 0
+    for record in read.records:
+        if record.call_index >= start:
+            new_calls += 1
+            row = call_row(record, read.rollout_id, writers.run, payloads=writers.payloads, memo=memo)
+            writers.calls.add(date_of(record.started_at), row)
+    new_damaged = sum(1 for index in read.unreadable_lines if index >= start)
+    report.unreadable_lines += new_damaged
+    kept = found if found is not None else _attached_from(previous)
+    attachment_changed = found is not None and (previous is None or _attached_json(found) != previous.attached)
+    # A file only copied elsewhere, with nothing new, needs no new version of its rollout row.
+    if previous is None or start == 0 or new_calls or new_damaged or attachment_changed:
+        writers.rollouts.add(date_of(_first_start(read)), rollout_row(read, writers.run, writers.exported_at, kept))
+    return RolloutState(
+        device=identity[0] if identity else None,
+        inode=identity[1] if identity else None,
+        size=identity[2] if identity else None,
+        next_index=_next_index(read, start),
+        first_call_id=_first_call_id(read),
+        attached=_attached_json(kept),
+    )
 
 
 class _NotRegularFile(Exception):

@@ -2,6 +2,7 @@
 
     DIR/
       llmtap-export.json                     the state: last committed run, what each rollout file held
+      llmtap-export.lock                     what a run flocks, so two runs never write at once
       calls/date=YYYY-MM-DD/part-RRRRRR-SSSS.parquet
       rollouts/date=YYYY-MM-DD/part-RRRRRR-SSSS.parquet
 
@@ -16,6 +17,7 @@ the export or checked to be real directories, part files are created exclusively
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import stat
@@ -31,9 +33,18 @@ import pyarrow.parquet as pq
 from .._durable_files import replace_atomically, sync_directory
 from .sources import ExportError
 
-__all__ = ["STATE_NAME", "ExportState", "PartitionedWriter", "RolloutState", "open_export_dir", "save_state"]
+__all__ = [
+    "STATE_NAME",
+    "ExportState",
+    "PartitionedWriter",
+    "RolloutState",
+    "export_lock",
+    "open_export_dir",
+    "save_state",
+]
 
 STATE_NAME = "llmtap-export.json"
+LOCK_NAME = "llmtap-export.lock"
 STATE_VERSION = 1
 MAX_STATE_BYTES = 1 << 30
 _PART = re.compile(r"^part-(\d{6})-(\d{4})\.parquet(\.tmp)?$")
@@ -96,22 +107,41 @@ class ExportState:
         return orjson.dumps(document)
 
 
-def open_export_dir(out_dir: Path) -> ExportState:
-    """Create or check the export directory, delete what an unfinished run left, return the state.
+@contextlib.contextmanager
+def export_lock(out_dir: Path) -> Iterator[None]:
+    """Create or check the export directory and hold its lock: a second run waits for the first.
 
-    Raises ExportError when the path is a link or not a directory, when a non-empty directory holds
-    no export state (so an export never writes into someone else's files), or when the state file
-    is damaged.
+    Raises ExportError when the path is a link or not a directory, or the lock cannot be taken.
     """
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ExportError(f"Could not create the export directory '{out_dir}' ({exc.strerror}).") from exc
     _require_directory(out_dir)
+    try:
+        fd = os.open(out_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise ExportError(f"Could not open the lock of '{out_dir}' ({exc.strerror}); is {LOCK_NAME} a link?") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ExportError(f"The lock '{out_dir / LOCK_NAME}' is not a regular file; remove it.")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def open_export_dir(out_dir: Path) -> ExportState:
+    """Check the (locked) export directory, delete what an unfinished run left, return the state.
+
+    Raises ExportError when a non-empty directory holds no export state (so an export never
+    writes into someone else's files), or when the state file is damaged.
+    """
+    _require_directory(out_dir)
     state_path = out_dir / STATE_NAME
     data = _read_state_bytes(state_path)
     if data is None:
-        extra = [name for name in os.listdir(out_dir) if name not in ("calls", "rollouts")]
+        extra = [name for name in os.listdir(out_dir) if name not in ("calls", "rollouts", LOCK_NAME)]
         if extra:
             raise ExportError(
                 f"'{out_dir}' is not empty and holds no {STATE_NAME}; export into a new or empty directory."
