@@ -45,8 +45,9 @@ class SpanCounter(Protocol):
 class LiveExporter:
     """Exports records as spans in the background, never delaying or growing past its bound.
 
-    `max_queue` bounds the records waiting; `batch_size` the spans per export request;
-    `flush_interval` how long a partial batch waits. `close()` sends what is queued within its
+    `max_queue` bounds the records waiting (memory: that many records, payloads included, which
+    the caller already holds); `batch_size` the spans per export request; `flush_interval` how
+    long a partial batch waits. `close()` sends what is queued within its
     timeout and drops (and counts) the rest.
 
     Usage::
@@ -122,7 +123,9 @@ class LiveExporter:
     def counts(self) -> dict[str, Any]:
         """Return the counters: submitted, exported, batches, failed batches, queued, exporting, dropped by reason.
 
-        Every submitted record is in exactly one of exported, queued, exporting or dropped.
+        `submitted` counts the records the queue accepted; each is then in exactly one of exported,
+        queued, exporting, or dropped as export_failed, unreadable, no_rollout or closed.
+        `queue_full` (and `closed` after close) also counts records refused at submit.
         """
         with self._lock:
             return {
