@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install llmtap with the given extras (default: model,test), on a fresh machine.
+# Create .venv and install llmtap with the given extras (default: model,test,export), on a fresh machine.
 #
 # llama-cpp-python compiles llama.cpp with -march=native. Some virtual machines advertise Intel
 # AMX (tile) instructions they cannot execute, and the server then dies with SIGILL on its first
@@ -7,7 +7,7 @@
 # pip's wheel-cache key, so a wheel cached from a native build is removed once, here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-model,test}"
+extras="${1:-model,test,export}"
 python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
 no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
