@@ -20,7 +20,8 @@ from typing import Any
 import orjson
 
 from llmtap.capsule.writer import write_file_atomic
-from llmtap.store import DATA_SUFFIX, LATE_SUFFIX, CaptureStore
+from llmtap.store import CaptureStore
+from llmtap.store.capture_store import DATA_SUFFIX, LATE_SUFFIX
 from llmtap.store.durable import replace_atomically
 from llmtap.store.rollout_files import DESCRIPTORS
 
