@@ -27,6 +27,7 @@ _COMMANDS = {
     "demo": "demo:demo",
     "export-evidence": "evidence:export_evidence",
     "keys": "keys:keys",
+    "mcp-proxy": "mcp:mcp_proxy",
     "records": "records:records",
     "run": "run:run",
     "runs": "runs:runs",
