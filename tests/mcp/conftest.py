@@ -80,11 +80,16 @@ class HttpProxy:
         assert "listening on " in line, line
         self.base = line.split("listening on ", 1)[1].strip().rsplit("/", 1)[0]
         self.url = self.base + "/mcp"
+        self.said = ""
 
     def close(self) -> str:
+        """Stop the proxy (idempotent); return what it said on stderr."""
         stop(self.process)
         assert self.process.stderr is not None
-        return self.process.stderr.read().decode()
+        if not self.process.stderr.closed:
+            self.said = self.process.stderr.read().decode()
+            self.process.stderr.close()
+        return self.said
 
 
 @pytest.fixture
