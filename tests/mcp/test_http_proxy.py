@@ -197,11 +197,36 @@ def test_hop_by_hop_headers_are_dropped_and_end_to_end_ones_kept_in_order() -> N
                     (b"MCP-Protocol-Version", b"2025-11-25"), (b"x-b", b"1"), (b"x-b", b"2")]
 
 
-async def test_an_upstream_url_that_is_not_http_is_refused(tmp_path: Path) -> None:
+def test_an_upstream_url_that_is_not_http_is_refused(tmp_path: Path) -> None:
     import subprocess
 
     from .conftest import proxy_command
 
     done = subprocess.run(proxy_command("--upstream", "file:///etc/passwd", "--port", "0"),
-                          capture_output=True, timeout=60)
+                          capture_output=True, timeout=60, check=False)
     assert done.returncode == 1 and b"is not an http:// or https:// URL" in done.stderr
+
+
+async def _raw_exchange(url: str) -> list[tuple[int, str | None, bytes]]:
+    """A scripted handshake-era session in raw HTTP; each answer's status, content type and body bytes."""
+    answers = []
+    async with httpx.AsyncClient(timeout=60) as client:
+        headers = await _initialize(client, url)
+        for index, (name, arguments) in enumerate([("echo", {"text": "héllo"}), ("fail", {"reason": "x"}),
+                                                    ("big", {"size": 50_000})]):
+            call = {"jsonrpc": "2.0", "id": 10 + index, "method": "tools/call",
+                    "params": {"name": name, "arguments": arguments}}
+            async with client.stream("POST", url, json=call, headers=headers) as response:
+                body = b"".join([chunk async for chunk in response.aiter_raw()])
+                answers.append((response.status_code, response.headers.get("content-type"), body))
+        deleted = await client.delete(url, headers=headers)
+        answers.append((deleted.status_code, deleted.headers.get("content-type"), deleted.content))
+    return answers
+
+
+async def test_http_answers_are_byte_identical_to_a_direct_session(http_server: str, http_proxy: HttpProxy) -> None:
+    direct = await _raw_exchange(http_server)
+    proxied = await _raw_exchange(http_proxy.url)
+    assert proxied == direct
+    assert [answer[0] for answer in direct] == [200, 200, 200, 200]
+    assert direct[0][1] == "text/event-stream" and len(direct[2][2]) > 50_000
