@@ -203,14 +203,14 @@ class Pairing:
             old = self._pending.pop(slot)
             self._complete(old, "incomplete")
             old.record.error = {"category": "id_reused"}
-            finished.append(self._finished(old))
+            finished.append(self._finished(old.record))
         self._pending[slot] = pending
         if len(self._pending) > MAX_PENDING:
             _, oldest = self._pending.popitem(last=False)
             self.stats.evicted += 1
             self._complete(oldest, "incomplete")
             oldest.record.error = {"category": "pending_limit"}
-            finished.append(self._finished(oldest))
+            finished.append(self._finished(oldest.record))
         return finished
 
     def _learn_from_request(self, method: str, params: dict[str, Any], key: tuple[str, int | str] | None) -> None:
@@ -311,8 +311,7 @@ class Pairing:
             return [self._finished(record)]
         result = message.get("result")
         self._learn_from_result(result)
-        if record.server is None:
-            record.server = self.identity.server
+        record.server = self.identity.server
         self._complete(pending, "completed")
         self._describe_result(pending, result)
         return [self._finished(record)]

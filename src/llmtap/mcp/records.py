@@ -213,7 +213,7 @@ class ToolCallRecord:
         return orjson.dumps(self.to_dict()) + b"\n"
 
 
-_FIELDS = frozenset(ToolCallRecord.__slots__)  # type: ignore[attr-defined]
+_FIELDS = frozenset(ToolCallRecord.__slots__)
 _REQUIRED = ("call_id", "session_id", "transport", "direction", "method", "started_at")
 
 

@@ -200,7 +200,7 @@ async def _until_session_ends(
     """Drive the shutdown rules in the module docstring."""
     assert process.stdin is not None
     peer_gone = False
-    pending: set[asyncio.Task[object]] = {upstream, downstream, exited}  # type: ignore[arg-type]
+    pending: set[asyncio.Task[object]] = {upstream, downstream, exited}
     while True:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         if upstream in done:
