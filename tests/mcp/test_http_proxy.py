@@ -207,8 +207,15 @@ def test_an_upstream_url_that_is_not_http_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 1 and b"is not an http:// or https:// URL" in done.stderr
 
 
-async def _raw_exchange(url: str) -> list[tuple[int, str | None, bytes]]:
-    """A scripted handshake-era session in raw HTTP; each answer's status, content type and body bytes."""
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding"}
+
+
+def _end_to_end(headers: httpx.Headers) -> list[str]:
+    return [name for name, _ in headers.multi_items() if name not in HOP_BY_HOP]
+
+
+async def _raw_exchange(url: str) -> list[tuple[int, list[str], bytes]]:
+    """A scripted handshake-era session in raw HTTP; each answer's status, end-to-end header names and body."""
     answers = []
     async with httpx.AsyncClient(timeout=60) as client:
         headers = await _initialize(client, url)
@@ -218,9 +225,9 @@ async def _raw_exchange(url: str) -> list[tuple[int, str | None, bytes]]:
                     "params": {"name": name, "arguments": arguments}}
             async with client.stream("POST", url, json=call, headers=headers) as response:
                 body = b"".join([chunk async for chunk in response.aiter_raw()])
-                answers.append((response.status_code, response.headers.get("content-type"), body))
+                answers.append((response.status_code, _end_to_end(response.headers), body))
         deleted = await client.delete(url, headers=headers)
-        answers.append((deleted.status_code, deleted.headers.get("content-type"), deleted.content))
+        answers.append((deleted.status_code, _end_to_end(deleted.headers), deleted.content))
     return answers
 
 
@@ -229,4 +236,4 @@ async def test_http_answers_are_byte_identical_to_a_direct_session(http_server: 
     proxied = await _raw_exchange(http_proxy.url)
     assert proxied == direct
     assert [answer[0] for answer in direct] == [200, 200, 200, 200]
-    assert direct[0][1] == "text/event-stream" and len(direct[2][2]) > 50_000
+    assert "content-type" in direct[0][1] and len(direct[2][2]) > 50_000

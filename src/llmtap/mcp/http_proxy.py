@@ -391,7 +391,7 @@ def run_http_proxy(
     )
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", access_log=False,
-        timeout_graceful_shutdown=2,
+        timeout_graceful_shutdown=2, server_header=False, date_header=False,  # the upstream's own go through
     )
     server = uvicorn.Server(config)
     say = announce or (lambda text: recorder.notice("listening", text))
