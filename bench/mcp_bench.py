@@ -6,7 +6,7 @@
 Cells, each a fresh session of the `mcp` SDK's own client calling the test server's `echo` tool
 one call at a time: stdio direct, stdio through the proxy counting only (no file), stdio through
 the proxy recording to a file on disk (fsynced before each answer is released), and the same for
-streamable HTTP (direct, proxy recording). Prints p50 and p99 per call, and each proxied cell's
+streamable HTTP. Prints p50 and p99 per call, and each proxied cell's
 added p50 and its ratio to the direct cell of its transport. Binds 127.0.0.1 only.
 """
 
@@ -89,19 +89,25 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="llmtap-mcp-bench-", dir=Path.cwd()))  # on disk, not tmpfs
     port = _free_port()
     server = subprocess.Popen([sys.executable, SERVER, "http", str(port)], stderr=subprocess.DEVNULL)
-    proxy = subprocess.Popen([*PROXY, "--record", str(work / "http.jsonl"), "--upstream",
-                              f"http://127.0.0.1:{port}/mcp", "--port", "0"], stderr=subprocess.PIPE)
-    assert proxy.stderr is not None
-    proxy_url = re.search(r"http://\S+", proxy.stderr.readline().decode())
-    assert proxy_url is not None
+    upstream = f"http://127.0.0.1:{port}/mcp"
+    recording = subprocess.Popen([*PROXY, "--record", str(work / "http.jsonl"), "--upstream", upstream, "--port", "0"],
+                                 stderr=subprocess.PIPE)
+    counting = subprocess.Popen([*PROXY, "--upstream", upstream, "--port", "0"], stderr=subprocess.PIPE)
+    urls = []
+    for proxy in (recording, counting):
+        assert proxy.stderr is not None
+        while (found := re.search(r"http://\S+", proxy.stderr.readline().decode())) is None:
+            pass
+        urls.append(found.group(0))
     _wait_for(port)
     server_cmd = [sys.executable, SERVER, "stdio"]
     cells: dict[str, object] = {
         "stdio direct": _stdio(server_cmd),
         "stdio proxy, counting": _stdio([*PROXY, "--", *server_cmd]),
         "stdio proxy, recording": _stdio([*PROXY, "--record", str(work / "stdio.jsonl"), "--", *server_cmd]),
-        "http direct": f"http://127.0.0.1:{port}/mcp",
-        "http proxy, recording": proxy_url.group(0),
+        "http direct": upstream,
+        "http proxy, counting": urls[1],
+        "http proxy, recording": urls[0],
     }
     results: dict[str, list[float]] = {name: [] for name in cells}
     env_without_file = os.environ.pop("LLMTAP_TOOL_CALLS_FILE", None)
@@ -110,7 +116,8 @@ def main() -> None:
             for name, target in cells.items():
                 results[name] += asyncio.run(_calls(target, options.calls))
     finally:
-        _stop(proxy)
+        _stop(recording)
+        _stop(counting)
         _stop(server)
         if env_without_file is not None:
             os.environ["LLMTAP_TOOL_CALLS_FILE"] = env_without_file

@@ -237,3 +237,34 @@ async def test_http_answers_are_byte_identical_to_a_direct_session(http_server: 
     assert proxied == direct
     assert [answer[0] for answer in direct] == [200, 200, 200, 200]
     assert "content-type" in direct[0][1] and len(direct[2][2]) > 50_000
+
+
+async def test_a_server_that_dies_mid_answer_leaves_the_call_recorded_as_incomplete(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from .conftest import TOOL_SERVER, free_port, stop, wait_for_port
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, TOOL_SERVER, "http", str(port)], stderr=subprocess.DEVNULL)
+    proxy: HttpProxy | None = None
+    try:
+        wait_for_port(port, server)
+        proxy = HttpProxy(f"http://127.0.0.1:{port}/mcp", tmp_path / "calls.jsonl")
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "crash", "arguments": {}}}
+        async with httpx.AsyncClient(timeout=60) as client:
+            headers = await _initialize(client, proxy.url)
+            with pytest.raises(httpx.RemoteProtocolError):  # the client sees the answer cut off, not ended
+                async with client.stream("POST", proxy.url, json=call, headers=headers) as response:
+                    async for _ in response.aiter_raw():
+                        pass
+        assert server.wait(timeout=60) == 3
+    finally:
+        if proxy is not None:
+            proxy.close()
+        stop(server)
+    assert proxy is not None
+    (record,) = [r for r in _records(proxy.record) if r["method"] == "tools/call"]
+    assert record["name"] == "crash" and record["status"] == "incomplete"
+    assert record["error"] == {"category": "upstream_closed", "http_status": 200}
+    assert "Traceback" not in proxy.said and "closed a response before its end" in proxy.said

@@ -19,16 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-
 from ..correlation import split_rollout_prefix
 from ..errors import ConfigError, InvalidRolloutIdError
+
+# The capturing proxy's upstream seam: a keep-alive HTTP/1.1 pool that sends a request as given
+# (adding only host and content-length) and yields the body as it arrives, undecoded.
+from ..server.http1 import UpstreamClosed, UpstreamProtocolError, UpstreamReadTimeout
+from ..server.upstream import Http1Transport, UpstreamResponse, UpstreamTransport, UpstreamUnreachable
 from .framing import DEFAULT_MAX_MESSAGE_BYTES, PREFIX_BYTES, OversizedMessage, SSEFramer
 from .pairing import CLIENT_TO_SERVER, SERVER_TO_CLIENT, Pairing, SessionIdentity
 from .recorder import Recorder
@@ -43,6 +47,8 @@ Send = Callable[[Message], Awaitable[None]]
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_SESSIONS = 1024
+MAX_UPSTREAM_CONNECTIONS = 256
+IDLE_STREAM_S = 24 * 3600.0
 _METHODS = frozenset({"POST", "GET", "DELETE"})
 _HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
@@ -108,16 +114,17 @@ class McpHttpProxy:
         rollout_id: str | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-        client: httpx.AsyncClient | None = None,
+        transport: UpstreamTransport | None = None,
     ) -> None:
         self.endpoint = UpstreamEndpoint.parse(upstream)
         self.recorder = recorder
         self.rollout_id = rollout_id
         self.max_body_bytes = max_body_bytes
         self.max_message_bytes = max_message_bytes
-        # No read timeout: a GET stream may idle for long, and a slow tool is the client's to time out.
-        self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
-        self._client.headers.clear()  # add nothing the client did not send (no user-agent, accept-encoding)
+        # No practical read timeout: a GET stream may idle for hours, and a slow tool is the client's to time out.
+        self.transport = transport or Http1Transport(
+            max_connections=MAX_UPSTREAM_CONNECTIONS, connect_timeout_s=30.0, read_timeout_s=IDLE_STREAM_S
+        )
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._sessionless = self._new_session()
 
@@ -140,8 +147,8 @@ class McpHttpProxy:
         return session
 
     async def close(self) -> None:
-        """Close the upstream client."""
-        await self._client.aclose()
+        """Close the upstream connections."""
+        await self.transport.aclose()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -230,6 +237,7 @@ class _Exchange:
         self.status: int | None = None
         self.mode: str | None = None
         self._direction = CLIENT_TO_SERVER
+        self._copied = 0  # bytes of a JSON answer kept for recording
 
     def _route(self, message: dict[str, object]) -> Pairing:
         """A POST's own requests and their answers pair here; the server's requests and their answers per session."""
@@ -244,15 +252,11 @@ class _Exchange:
             events: list[str | OversizedMessage] = [self.body.decode("utf-8", "replace")]
             await self._persist(recorder.observe_events(events, self.pairing, CLIENT_TO_SERVER, self._route))
         self._direction = SERVER_TO_CLIENT
-        request = self.proxy._client.build_request(
-            self.method, self.proxy.endpoint.url,
-            headers=forwarded_headers(self.headers, _NOT_FORWARDED),
-            content=self.body if self.method == "POST" else None,
-        )
+        headers = forwarded_headers(self.headers, _NOT_FORWARDED)
         try:
-            response = await self.proxy._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            recorder.notice("upstream", f"the MCP upstream could not be reached ({type(exc).__name__})")
+            response = await self.proxy.transport.send(self.method, self.proxy.endpoint.url, headers, self.body)
+        except UpstreamUnreachable as exc:
+            recorder.notice("upstream", f"the MCP upstream could not be reached ({type(exc.cause).__name__})")
             await self._persist(self.pairing.close_all("upstream_unreachable"))
             await _plain(send, 502, "The MCP upstream could not be reached: check that it is running.")
             return
@@ -273,36 +277,53 @@ class _Exchange:
             if not self.session_id:
                 _learn(self.proxy._sessionless.identity, self.session.identity)
 
-    async def _relay(self, response: httpx.Response, send: Send) -> None:
-        self.status = response.status_code
-        content_type = (response.headers.get("content-type") or "").split(";")[0].strip().lower()
-        encoded = (response.headers.get("content-encoding") or "identity").lower() != "identity"
+    async def _relay(self, response: UpstreamResponse, send: Send) -> None:
+        self.status = response.status
+        content_type = (_header(response.headers, b"content-type") or "").split(";")[0].strip().lower()
+        encoded = (_header(response.headers, b"content-encoding") or "identity").strip().lower() != "identity"
         self.mode = "sse" if content_type == "text/event-stream" else "json" if content_type == "application/json" else None
         if encoded and self.mode is not None:
             self.recorder.notice("encoded", "an MCP response was content-encoded; its calls are recorded as unknown")
             self.mode = "encoded"
-        new_session = response.headers.get("mcp-session-id")
+        new_session = _header(response.headers, b"mcp-session-id")
         if new_session and not self.session_id:
             self._adopt_session(new_session)
-        headers = forwarded_headers(list(response.headers.raw), _HOP_BY_HOP)
-        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        headers = forwarded_headers(response.headers, _HOP_BY_HOP)
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
         framer = SSEFramer(self.proxy.max_message_bytes) if self.mode == "sse" else None
         copy: list[bytes] = []
-        copied = 0
         total = 0
         held: bytes | None = None
-        async for chunk in response.aiter_raw():
-            if framer is not None:
-                await self._persist(self.recorder.observe_sse(framer, chunk, self.pairing, SERVER_TO_CLIENT, self._route))
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                continue
-            total += len(chunk)
-            if self.mode == "json" and copied <= self.proxy.max_message_bytes:
-                copy.append(chunk)
-                copied += len(chunk)
-            if held is not None:  # the last chunk waits for the record it may finish
-                await send({"type": "http.response.body", "body": held, "more_body": True})
-            held = chunk
+        try:
+            async for chunk in response.chunks():
+                held = await self._forward(chunk, framer, held, copy, send)
+                total += len(chunk)
+        except (UpstreamClosed, UpstreamReadTimeout, UpstreamProtocolError, OSError):
+            # The upstream broke off mid-answer: record that, and let the client see a cut response too.
+            self.recorder.notice("upstream_cut", "an MCP upstream closed a response before its end")
+            await self._persist(self.pairing.close_all("upstream_closed", {"http_status": response.status}))
+            raise _UpstreamCut from None
+        await self._finish(response.status, framer, held, copy, total, send)
+
+    async def _forward(
+        self, chunk: bytes, framer: SSEFramer | None, held: bytes | None, copy: list[bytes], send: Send
+    ) -> bytes | None:
+        """Send a chunk on (an SSE chunk after the records it finishes); return the chunk to hold back."""
+        if framer is not None:
+            await self._persist(self.recorder.observe_sse(framer, chunk, self.pairing, SERVER_TO_CLIENT, self._route))
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            return None
+        if self.mode == "json" and self._copied <= self.proxy.max_message_bytes:
+            copy.append(chunk)
+            self._copied += len(chunk)
+        if held is not None:  # the last chunk waits for the record it may finish
+            await send({"type": "http.response.body", "body": held, "more_body": True})
+        return chunk
+
+    async def _finish(
+        self, status: int, framer: SSEFramer | None, held: bytes | None, copy: list[bytes], total: int, send: Send
+    ) -> None:
+        """The upstream's answer ended: close its records, make them durable, then release the last bytes."""
         finished: list[ToolCallRecord] = []
         if framer is not None:
             finished = self.recorder.observe_events(framer.close(), self.pairing, SERVER_TO_CLIENT, self._route)
@@ -312,11 +333,11 @@ class _Exchange:
                 else OversizedMessage(b"".join(copy)[:PREFIX_BYTES], total)
             )
             finished = self.recorder.observe_events([item], self.pairing, SERVER_TO_CLIENT, self._route)
-        category = "response_ended" if response.status_code < 400 else "http_error"
+        category = "response_ended" if status < 400 else "http_error"
         if self.mode == "encoded":
             category = "response_encoded"
-        finished += self.pairing.close_all(category, {"http_status": response.status_code})
-        if self.method == "DELETE" and response.status_code < 300 and self.session_id:
+        finished += self.pairing.close_all(category, {"http_status": status})
+        if self.method == "DELETE" and status < 300 and self.session_id:
             finished += self.session.pairing.close_all("session_deleted")
             self.proxy._sessions.pop(self.session_id, None)
         await self._persist(finished)
@@ -347,6 +368,17 @@ class _Exchange:
             if self.rollout_id is not None:
                 record.rollout_id = self.rollout_id
         await self.recorder.persist(records)
+
+
+class _UpstreamCut(Exception):  # noqa: N818 - never leaves this module
+    """Raised out of the app to make the server drop the client's connection (said once already)."""
+
+
+class _QuietCut(logging.Filter):
+    """Keeps the server's error log free of the traceback of a cut the notice already reported."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], _UpstreamCut))
 
 
 def _learn(shared: SessionIdentity, learned: SessionIdentity) -> None:
@@ -394,6 +426,7 @@ def run_http_proxy(
         timeout_graceful_shutdown=2, server_header=False, date_header=False,  # the upstream's own go through
     )
     server = uvicorn.Server(config)
+    logging.getLogger("uvicorn.error").addFilter(_QuietCut())
     say = announce or (lambda text: recorder.notice("listening", text))
 
     async def serve() -> None:
