@@ -3,7 +3,7 @@
     .venv/bin/python bench/mcp_bench.py            # 3 interleaved rounds of 300 calls per cell
     .venv/bin/python bench/mcp_bench.py --quick    # 1 round of 100
 
-Cells, each a fresh session of the `mcp` SDK's own client calling the test server's `echo` tool
+Cells (their order rotated each round), each a fresh session of the `mcp` SDK's own client calling the test server's `echo` tool
 one call at a time: stdio direct, stdio through the proxy counting only (no file), stdio through
 the proxy recording to a file on disk (fsynced before each answer is released), and the same for
 streamable HTTP. Prints p50 and p99 per call, and each proxied cell's
@@ -112,9 +112,11 @@ def main() -> None:
     results: dict[str, list[float]] = {name: [] for name in cells}
     env_without_file = os.environ.pop("LLMTAP_TOOL_CALLS_FILE", None)
     try:
-        for _ in range(options.rounds):
-            for name, target in cells.items():
-                results[name] += asyncio.run(_calls(target, options.calls))
+        names = list(cells)
+        for round_index in range(options.rounds):
+            shift = round_index % len(names)  # rotate the order, so that noise lands on every cell alike
+            for name in names[shift:] + names[:shift]:
+                results[name] += asyncio.run(_calls(cells[name], options.calls))
     finally:
         _stop(recording)
         _stop(counting)
