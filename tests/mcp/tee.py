@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+from typing import BinaryIO
 
 
 def main() -> int:
@@ -19,17 +20,22 @@ def main() -> int:
     assert separator == "--"
     child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
     assert child.stdin is not None and child.stdout is not None
-    sent = open(prefix + ".in", "wb", buffering=0)
-    received = open(prefix + ".out", "wb", buffering=0)
+    with open(prefix + ".in", "wb", buffering=0) as sent, open(prefix + ".out", "wb", buffering=0) as received:
+        return _copy(child, sent, received)
+
+
+def _copy(child: subprocess.Popen[bytes], sent: BinaryIO, received: BinaryIO) -> int:
+    assert child.stdin is not None and child.stdout is not None
+    stdin = child.stdin
 
     def upstream() -> None:
         while chunk := os.read(0, 65536):
             sent.write(chunk)
             try:
-                child.stdin.write(chunk)
+                stdin.write(chunk)
             except BrokenPipeError:
                 break
-        child.stdin.close()
+        stdin.close()
 
     threading.Thread(target=upstream, daemon=True).start()
     while chunk := child.stdout.read(65536):

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import socket
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +22,7 @@ from mcp_types import ElicitResult
 from llmtap.mcp import parse_tool_call_line
 from llmtap.mcp.http_proxy import forwarded_headers
 
-from .conftest import HttpProxy
+from .conftest import TOOL_SERVER, HttpProxy, free_port, proxy_command, stop, wait_for_port
 
 TOKEN = "Bearer sk-test-6f1c2d9e8b7a"
 ELICITED = "correct-horse-battery"
@@ -172,8 +176,6 @@ async def _chunks(chunk: bytes, count: int) -> Any:
 
 
 async def test_an_unreachable_upstream_is_a_502_and_the_call_is_recorded(tmp_path: Path) -> None:
-    from .conftest import free_port
-
     proxy = HttpProxy(f"http://127.0.0.1:{free_port()}/mcp", tmp_path / "calls.jsonl")
     call = {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "echo", "arguments": {}}}
     try:
@@ -183,7 +185,7 @@ async def test_an_unreachable_upstream_is_a_502_and_the_call_is_recorded(tmp_pat
     finally:
         proxy.close()
     (record,) = _records(proxy.record)
-    assert record["status"] == "incomplete" and record["error"] == {"category": "upstream_unreachable"}
+    assert record["status"] == "failed" and record["error"] == {"category": "upstream_unreachable"}
 
 
 def test_hop_by_hop_headers_are_dropped_and_end_to_end_ones_kept_in_order() -> None:
@@ -198,10 +200,6 @@ def test_hop_by_hop_headers_are_dropped_and_end_to_end_ones_kept_in_order() -> N
 
 
 def test_an_upstream_url_that_is_not_http_is_refused(tmp_path: Path) -> None:
-    import subprocess
-
-    from .conftest import proxy_command
-
     done = subprocess.run(proxy_command("--upstream", "file:///etc/passwd", "--port", "0"),
                           capture_output=True, timeout=60, check=False)
     assert done.returncode == 1 and b"is not an http:// or https:// URL" in done.stderr
@@ -239,18 +237,24 @@ async def test_http_answers_are_byte_identical_to_a_direct_session(http_server: 
     assert "content-type" in direct[0][1] and len(direct[2][2]) > 50_000
 
 
-async def test_a_server_that_dies_mid_answer_leaves_the_call_recorded_as_incomplete(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    from .conftest import TOOL_SERVER, free_port, stop, wait_for_port
-
+@pytest.fixture
+def own_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A test server of this test's own (it will be crashed): its URL and process."""
     port = free_port()
     server = subprocess.Popen([sys.executable, TOOL_SERVER, "http", str(port)], stderr=subprocess.DEVNULL)
-    proxy: HttpProxy | None = None
     try:
         wait_for_port(port, server)
-        proxy = HttpProxy(f"http://127.0.0.1:{port}/mcp", tmp_path / "calls.jsonl")
+        yield f"http://127.0.0.1:{port}/mcp", server
+    finally:
+        stop(server)
+
+
+async def test_a_server_that_dies_mid_answer_leaves_the_call_recorded_as_failed(
+    own_server: tuple[str, subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    url, server = own_server
+    proxy = HttpProxy(url, tmp_path / "calls.jsonl")
+    try:
         call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "crash", "arguments": {}}}
         async with httpx.AsyncClient(timeout=60) as client:
             headers = await _initialize(client, proxy.url)
@@ -258,13 +262,10 @@ async def test_a_server_that_dies_mid_answer_leaves_the_call_recorded_as_incompl
                 async with client.stream("POST", proxy.url, json=call, headers=headers) as response:
                     async for _ in response.aiter_raw():
                         pass
-        assert server.wait(timeout=60) == 3
+        assert await asyncio.to_thread(server.wait, 60) == 3
     finally:
-        if proxy is not None:
-            proxy.close()
-        stop(server)
-    assert proxy is not None
+        proxy.close()
     (record,) = [r for r in _records(proxy.record) if r["method"] == "tools/call"]
-    assert record["name"] == "crash" and record["status"] == "incomplete"
+    assert record["name"] == "crash" and record["status"] == "failed"
     assert record["error"] == {"category": "upstream_closed", "http_status": 200}
     assert "Traceback" not in proxy.said and "closed a response before its end" in proxy.said

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -144,20 +145,20 @@ def test_a_server_that_crashes_mid_call_leaves_the_call_recorded_as_failed_and_i
         process.stdin.flush()
         assert process.wait(timeout=60) == 3
     (crashed,) = _records(record)
-    assert crashed["name"] == "crash" and crashed["status"] == "incomplete"
+    assert crashed["name"] == "crash" and crashed["status"] == "failed"
     assert crashed["error"] == {"category": "server_exited", "exit_code": 3}
     assert crashed["completed_at"] is not None
 
 
 def test_the_server_exit_code_is_llmtaps(tmp_path: Path) -> None:
     code = subprocess.run(proxy_command("--", sys.executable, "-c", "import sys; sys.exit(7)"),
-                          stdin=subprocess.DEVNULL, capture_output=True, timeout=60).returncode
+                          stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False).returncode
     assert code == 7
 
 
 def test_a_missing_server_command_exits_127_with_one_line(tmp_path: Path) -> None:
     done = subprocess.run(proxy_command("--", str(tmp_path / "no-such-server")), stdin=subprocess.DEVNULL,
-                          capture_output=True, timeout=60)
+                          capture_output=True, timeout=60, check=False)
     assert done.returncode == 127
     assert b"was not found" in done.stderr and b"Traceback" not in done.stderr
 
@@ -166,7 +167,7 @@ def test_a_malformed_line_passes_through_and_is_counted(tmp_path: Path) -> None:
     payload = b"this is not json\n" + _line({"jsonrpc": "2.0", "id": 9, "method": "ping"}) + b"{\"half\": \n"
     done = subprocess.run(proxy_command("--", sys.executable, "-c",
                                         "import sys, shutil; shutil.copyfileobj(sys.stdin.buffer, sys.stdout.buffer)"),
-                          input=payload, capture_output=True, timeout=60)
+                          input=payload, capture_output=True, timeout=60, check=False)
     assert done.returncode == 0
     assert done.stdout == payload
     # Each bad line is seen once per direction (the echo server sends it back).
@@ -261,6 +262,53 @@ def test_a_record_path_that_is_a_link_is_refused_before_the_server_starts(tmp_pa
     marker = tmp_path / "started"
     done = subprocess.run(proxy_command("--record", str(link), "--", sys.executable, "-c",
                                         f"open({str(marker)!r}, 'w')"),
-                          stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+                          stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False)
     assert done.returncode == 1 and b"not a link" in done.stderr
     assert not marker.exists() and target.read_text() == ""
+
+
+class _FullDisk:
+    def write(self, records: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    def close(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("failure", ["sink", "recorder"])
+async def test_a_recording_failure_never_breaks_the_session(failure: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmtap.mcp.pairing import Pairing
+    from llmtap.mcp.recorder import Recorder
+    from llmtap.mcp.stdio_proxy import proxy_stdio
+
+    said: list[str] = []
+    recorder = Recorder(_FullDisk() if failure == "sink" else None, say=said.append)
+    if failure == "recorder":
+        def broken(*args: object) -> list[object]:
+            raise RuntimeError("a recorder bug")
+
+        monkeypatch.setattr(Pairing, "observe", broken)
+    to_proxy_read, to_proxy_write = os.pipe()
+    from_proxy_read, from_proxy_write = os.pipe()
+    session = asyncio.create_task(proxy_stdio(server_command(), recorder=recorder,
+                                              client_in=to_proxy_read, client_out=from_proxy_write))
+    os.write(to_proxy_write, HANDSHAKE + ECHO_CALL)
+    replies: list[dict[str, Any]] = []
+    buffer = b""
+    while not any(reply.get("id") == 2 for reply in replies):
+        chunk = await asyncio.to_thread(os.read, from_proxy_read, 65536)
+        assert chunk, "the session ended before the call was answered"
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        replies += [json.loads(line) for line in lines if line]
+    os.close(to_proxy_write)
+    assert await asyncio.wait_for(session, 60) == 0
+    recorder.close()
+    for fd in (to_proxy_read, from_proxy_read, from_proxy_write):
+        os.close(fd)
+    (echo,) = [reply for reply in replies if reply.get("id") == 2]
+    assert echo["result"]["content"] == [{"type": "text", "text": "a"}]
+    if failure == "sink":
+        assert recorder.counts.dropped == 1 and any("could not write" in text for text in said)
+    else:
+        assert recorder.counts.recorder_errors > 0 and any("recording failed" in text for text in said)

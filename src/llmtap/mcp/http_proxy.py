@@ -257,7 +257,7 @@ class _Exchange:
             response = await self.proxy.transport.send(self.method, self.proxy.endpoint.url, headers, self.body)
         except UpstreamUnreachable as exc:
             recorder.notice("upstream", f"the MCP upstream could not be reached ({type(exc.cause).__name__})")
-            await self._persist(self.pairing.close_all("upstream_unreachable"))
+            await self._persist(self.pairing.close_all("upstream_unreachable", status="failed"))
             await _plain(send, 502, "The MCP upstream could not be reached: check that it is running.")
             return
         watcher = asyncio.create_task(_disconnected(receive))
@@ -301,7 +301,7 @@ class _Exchange:
         except (UpstreamClosed, UpstreamReadTimeout, UpstreamProtocolError, OSError):
             # The upstream broke off mid-answer: record that, and let the client see a cut response too.
             self.recorder.notice("upstream_cut", "an MCP upstream closed a response before its end")
-            await self._persist(self.pairing.close_all("upstream_closed", {"http_status": response.status}))
+            await self._persist(self.pairing.close_all("upstream_closed", {"http_status": response.status}, status="failed"))
             raise _UpstreamCut from None
         await self._finish(response.status, framer, held, copy, total, send)
 
@@ -370,7 +370,7 @@ class _Exchange:
         await self.recorder.persist(records)
 
 
-class _UpstreamCut(Exception):  # noqa: N818 - never leaves this module
+class _UpstreamCut(Exception):
     """Raised out of the app to make the server drop the client's connection (said once already)."""
 
 

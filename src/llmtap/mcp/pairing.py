@@ -153,12 +153,18 @@ class Pairing:
             record.error = {"category": "jsonrpc_error", "code": None, "message": None}
         return [self._finished(record)]
 
-    def close_all(self, category: str, detail: dict[str, Any] | None = None) -> list[ToolCallRecord]:
-        """Close every open request as incomplete (the session or stream ended before its answer)."""
+    def close_all(
+        self, category: str, detail: dict[str, Any] | None = None, *, status: str = "incomplete"
+    ) -> list[ToolCallRecord]:
+        """Close every open request: the session or stream ended before its answer.
+
+        `status` is `incomplete` when nothing says the call went wrong (the client left, a stream
+        ended), `failed` when its server did (it exited with an error, or broke off the answer).
+        """
         records = []
         while self._pending:
             _, pending = self._pending.popitem(last=False)
-            self._complete(pending, "incomplete")
+            self._complete(pending, status)
             pending.record.error = {"category": category, **(detail or {})}
             records.append(self._finished(pending.record))
         return records

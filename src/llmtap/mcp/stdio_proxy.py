@@ -12,7 +12,8 @@ How a session ends, so no direction is ever left half-dead:
 - the server closes its stdout or exits: reading the client stops and llmtap exits with its code;
 - a write fails on either side (a peer gone): both directions stop, the server's stdin is closed,
   and a server that does not exit within `grace_s` gets SIGTERM, then SIGKILL.
-Requests still open at the end are recorded as incomplete.
+Requests still open at the end are recorded as failed when the server exited with an error or a
+signal, as incomplete when it exited cleanly.
 """
 
 from __future__ import annotations
@@ -185,8 +186,8 @@ async def proxy_stdio(
                 loop.remove_signal_handler(signum)
         close_reader()
         close_writer()
-    detail = {"exit_code": code}
-    await recorder.persist(session.pairing.close_all("server_exited", detail))
+    status = "incomplete" if code == 0 else "failed"  # a server that died with calls open failed them
+    await recorder.persist(session.pairing.close_all("server_exited", {"exit_code": code}, status=status))
     return code if code >= 0 else 128 - code
 
 
