@@ -42,10 +42,10 @@ def mcp_proxy(
     llmtap's). HTTP: llmtap mcp-proxy --upstream http://127.0.0.1:8000/mcp --port 8790, then point
     the client at http://127.0.0.1:8790/mcp (or /ng-rollout/<id>/mcp to set the rollout id).
     """
-    from ..store import validate_rollout_id
     from ..errors import LlmtapError
     from ..mcp.recorder import Recorder
     from ..mcp.records import JsonlToolCallSink
+    from ..store import validate_rollout_id
 
     if bool(command) == bool(upstream):
         raise click.UsageError("Give either a server command after '--' (stdio) or --upstream URL (HTTP), not both.")
