@@ -122,6 +122,8 @@ async def test_an_sse_answer_is_streamed_event_by_event(http_proxy: HttpProxy, t
     http_proxy.close()
     (record,) = [r for r in _records(http_proxy.record) if r["method"] == "tools/call"]
     assert record["status"] == "completed" and record["http"]["response_mode"] == "sse"
+    text = http_proxy.record.read_text()
+    assert headers["mcp-session-id"] not in text and TOKEN.split()[1] not in text
 
 
 async def _until_blank(lines: Any) -> Any:

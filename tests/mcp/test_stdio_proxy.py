@@ -156,6 +156,12 @@ def test_the_server_exit_code_is_llmtaps(tmp_path: Path) -> None:
     assert code == 7
 
 
+def test_the_server_stderr_passes_through(tmp_path: Path) -> None:
+    done = subprocess.run(proxy_command("--", sys.executable, "-c", "import sys; sys.stderr.write('server log line\\n')"),
+                          stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0 and b"server log line\n" in done.stderr and done.stdout == b""
+
+
 def test_a_missing_server_command_exits_127_with_one_line(tmp_path: Path) -> None:
     done = subprocess.run(proxy_command("--", str(tmp_path / "no-such-server")), stdin=subprocess.DEVNULL,
                           capture_output=True, timeout=60, check=False)
