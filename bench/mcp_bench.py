@@ -3,7 +3,8 @@
     .venv/bin/python bench/mcp_bench.py            # 3 interleaved rounds of 300 calls per cell
     .venv/bin/python bench/mcp_bench.py --quick    # 1 round of 100
 
-Cells (their order rotated each round), each a fresh session of the `mcp` SDK's own client calling the test server's `echo` tool
+Cells (their order rotated each round), each a fresh session of the `mcp` SDK's own client
+calling the test server's `echo` tool
 one call at a time: stdio direct, stdio through the proxy counting only (no file), stdio through
 the proxy recording to a file on disk (fsynced before each answer is released), and the same for
 streamable HTTP. Prints p50 and p99 per call, and each proxied cell's
@@ -90,8 +91,9 @@ def main() -> None:
     port = _free_port()
     server = subprocess.Popen([sys.executable, SERVER, "http", str(port)], stderr=subprocess.DEVNULL)
     upstream = f"http://127.0.0.1:{port}/mcp"
-    recording = subprocess.Popen([*PROXY, "--record", str(work / "http.jsonl"), "--upstream", upstream, "--port", "0"],
-                                 stderr=subprocess.PIPE)
+    recording = subprocess.Popen(
+        [*PROXY, "--record", str(work / "http.jsonl"), "--upstream", upstream, "--port", "0"], stderr=subprocess.PIPE
+    )
     counting = subprocess.Popen([*PROXY, "--upstream", upstream, "--port", "0"], stderr=subprocess.PIPE)
     urls = []
     for proxy in (recording, counting):

@@ -41,8 +41,10 @@ def test_any_split_of_a_stream_gives_the_same_lines(lines: list[bytes], cuts: li
     assert out == [line[:-1] if line.endswith(b"\r") else line for line in lines]
 
 
-@given(st.lists(st.integers(min_value=0, max_value=300), min_size=1, max_size=8),
-       st.lists(st.integers(min_value=0, max_value=3000), max_size=10))
+@given(
+    st.lists(st.integers(min_value=0, max_value=300), min_size=1, max_size=8),
+    st.lists(st.integers(min_value=0, max_value=3000), max_size=10),
+)
 def test_lines_over_the_bound_come_out_as_their_prefix_and_full_size(sizes: list[int], cuts: list[int]) -> None:
     lines = [bytes([65 + index % 26]) * size for index, size in enumerate(sizes)]
     data = b"".join(line + b"\n" for line in lines)
@@ -66,8 +68,10 @@ def _sse(datas: list[str]) -> bytes:
     return b"".join(b"event: message\ndata: " + data.encode() + b"\n\n" for data in datas)
 
 
-@given(st.lists(st.text(alphabet="abc{}:\" ", max_size=40).filter(bool), max_size=8),
-       st.lists(st.integers(min_value=0, max_value=600), max_size=10))
+@given(
+    st.lists(st.text(alphabet='abc{}:" ', max_size=40).filter(bool), max_size=8),
+    st.lists(st.integers(min_value=0, max_value=600), max_size=10),
+)
 def test_any_split_of_an_event_stream_gives_the_same_events(datas: list[str], cuts: list[int]) -> None:
     framer = SSEFramer(max_bytes=1 << 20)
     out: list[str | OversizedMessage] = []

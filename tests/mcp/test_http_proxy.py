@@ -93,10 +93,17 @@ async def test_sdk_session_through_the_proxy_records_each_call_and_forwards_cred
 
 async def _initialize(client: httpx.AsyncClient, url: str) -> dict[str, str]:
     """A raw handshake-era initialize; returns the headers later requests need."""
-    accept = {"accept": "application/json, text/event-stream", "content-type": "application/json",
-              "authorization": TOKEN}
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}
+    accept = {
+        "accept": "application/json, text/event-stream",
+        "content-type": "application/json",
+        "authorization": TOKEN,
+    }
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}},
+    }
     response = await client.post(url, json=init, headers=accept)
     assert response.status_code == 200
     headers = {**accept, "mcp-session-id": response.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
@@ -106,8 +113,12 @@ async def _initialize(client: httpx.AsyncClient, url: str) -> dict[str, str]:
 
 async def test_an_sse_answer_is_streamed_event_by_event(http_proxy: HttpProxy, tmp_path: Path) -> None:
     release = tmp_path / "release"
-    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-            "params": {"name": "wait_for_file", "arguments": {"path": str(release)}}}
+    call = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "wait_for_file", "arguments": {"path": str(release)}},
+    }
     async with httpx.AsyncClient(timeout=60) as client:
         headers = await _initialize(client, http_proxy.url)
         async with client.stream("POST", http_proxy.url, json=call, headers=headers) as response:
@@ -192,18 +203,31 @@ async def test_an_unreachable_upstream_is_a_502_and_the_call_is_recorded(tmp_pat
 
 def test_hop_by_hop_headers_are_dropped_and_end_to_end_ones_kept_in_order() -> None:
     headers = [
-        (b"authorization", b"Bearer a"), (b"connection", b"keep-alive, x-private"), (b"x-private", b"1"),
-        (b"mcp-session-id", b"abc"), (b"transfer-encoding", b"chunked"), (b"MCP-Protocol-Version", b"2025-11-25"),
-        (b"keep-alive", b"timeout=5"), (b"host", b"client"), (b"x-b", b"1"), (b"x-b", b"2"),
+        (b"authorization", b"Bearer a"),
+        (b"connection", b"keep-alive, x-private"),
+        (b"x-private", b"1"),
+        (b"mcp-session-id", b"abc"),
+        (b"transfer-encoding", b"chunked"),
+        (b"MCP-Protocol-Version", b"2025-11-25"),
+        (b"keep-alive", b"timeout=5"),
+        (b"host", b"client"),
+        (b"x-b", b"1"),
+        (b"x-b", b"2"),
     ]
     kept = forwarded_headers(headers, frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"host"}))
-    assert kept == [(b"authorization", b"Bearer a"), (b"mcp-session-id", b"abc"),
-                    (b"MCP-Protocol-Version", b"2025-11-25"), (b"x-b", b"1"), (b"x-b", b"2")]
+    assert kept == [
+        (b"authorization", b"Bearer a"),
+        (b"mcp-session-id", b"abc"),
+        (b"MCP-Protocol-Version", b"2025-11-25"),
+        (b"x-b", b"1"),
+        (b"x-b", b"2"),
+    ]
 
 
 def test_an_upstream_url_that_is_not_http_is_refused(tmp_path: Path) -> None:
-    done = subprocess.run(proxy_command("--upstream", "file:///etc/passwd", "--port", "0"),
-                          capture_output=True, timeout=60, check=False)
+    done = subprocess.run(
+        proxy_command("--upstream", "file:///etc/passwd", "--port", "0"), capture_output=True, timeout=60, check=False
+    )
     assert done.returncode == 1 and b"is not an http:// or https:// URL" in done.stderr
 
 
@@ -219,10 +243,15 @@ async def _raw_exchange(url: str) -> list[tuple[int, list[str], bytes]]:
     answers = []
     async with httpx.AsyncClient(timeout=60) as client:
         headers = await _initialize(client, url)
-        for index, (name, arguments) in enumerate([("echo", {"text": "héllo"}), ("fail", {"reason": "x"}),
-                                                    ("big", {"size": 50_000})]):
-            call = {"jsonrpc": "2.0", "id": 10 + index, "method": "tools/call",
-                    "params": {"name": name, "arguments": arguments}}
+        for index, (name, arguments) in enumerate(
+            [("echo", {"text": "héllo"}), ("fail", {"reason": "x"}), ("big", {"size": 50_000})]
+        ):
+            call = {
+                "jsonrpc": "2.0",
+                "id": 10 + index,
+                "method": "tools/call",
+                "params": {"name": name, "arguments": arguments},
+            }
             async with client.stream("POST", url, json=call, headers=headers) as response:
                 body = b"".join([chunk async for chunk in response.aiter_raw()])
                 answers.append((response.status_code, _end_to_end(response.headers), body))

@@ -47,7 +47,9 @@ def test_outcomes_error_tool_error_and_cancellation() -> None:
     pairing = Pairing(SessionIdentity("stdio"))
     for id_ in (1, 2, 3):
         pairing.observe(CLIENT_TO_SERVER, _call(id_), 1)
-    (error,) = pairing.observe(SERVER_TO_CLIENT, {"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "bad"}}, 1)
+    (error,) = pairing.observe(
+        SERVER_TO_CLIENT, {"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "bad"}}, 1
+    )
     assert error.status == "failed" and error.error == {"category": "jsonrpc_error", "code": -32602, "message": "bad"}
     (tool_error,) = pairing.observe(SERVER_TO_CLIENT, _result(2, isError=True), 1)
     assert tool_error.status == "failed" and tool_error.is_error is True
@@ -74,15 +76,39 @@ def test_unrecorded_methods_and_notifications_make_no_record() -> None:
 def test_the_handshake_and_the_stateless_meta_set_the_session_identity() -> None:
     identity = SessionIdentity("stdio")
     pairing = Pairing(identity)
-    pairing.observe(CLIENT_TO_SERVER, {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "clientInfo": {"name": "c", "version": "1", "extra": "x"}}}, 1)
-    pairing.observe(SERVER_TO_CLIENT, {"jsonrpc": "2.0", "id": 0, "result": {
-        "protocolVersion": "2025-06-18", "serverInfo": {"name": "s", "version": "2"}}}, 1)
+    pairing.observe(
+        CLIENT_TO_SERVER,
+        {
+            "jsonrpc": "2.0",
+            "id": 0,
+            "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "clientInfo": {"name": "c", "version": "1", "extra": "x"}},
+        },
+        1,
+    )
+    pairing.observe(
+        SERVER_TO_CLIENT,
+        {
+            "jsonrpc": "2.0",
+            "id": 0,
+            "result": {"protocolVersion": "2025-06-18", "serverInfo": {"name": "s", "version": "2"}},
+        },
+        1,
+    )
     assert (identity.era, identity.version, identity.client, identity.server) == (
-        "handshake", "2025-06-18", {"name": "c", "version": "1"}, {"name": "s", "version": "2"})
-    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientInfo": {"name": "m"}}
+        "handshake",
+        "2025-06-18",
+        {"name": "c", "version": "1"},
+        {"name": "s", "version": "2"},
+    )
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "m"},
+    }
     pairing.observe(CLIENT_TO_SERVER, _call(1, _meta=meta), 1)
-    (record,) = pairing.observe(SERVER_TO_CLIENT, _result(1, _meta={"io.modelcontextprotocol/serverInfo": {"name": "s2"}}), 1)
+    (record,) = pairing.observe(
+        SERVER_TO_CLIENT, _result(1, _meta={"io.modelcontextprotocol/serverInfo": {"name": "s2"}}), 1
+    )
     assert record.protocol == {"era": "stateless", "version": "2026-07-28"} and record.client == {"name": "m"}
     assert record.server == {"name": "s2"}
 
@@ -92,7 +118,9 @@ def test_a_retry_without_request_state_links_only_to_a_unique_same_request() -> 
     asked = {"inputRequests": {"k": {"method": "elicitation/create", "params": {}}}, "resultType": "input_required"}
     pairing.observe(CLIENT_TO_SERVER, _call(1, "ask"), 1)
     (first,) = pairing.observe(SERVER_TO_CLIENT, {"jsonrpc": "2.0", "id": 1, "result": asked}, 1)
-    assert first.status == "input_required" and first.result["input_requests"] == [{"key": "k", "method": "elicitation/create"}]
+    assert first.status == "input_required" and first.result["input_requests"] == [
+        {"key": "k", "method": "elicitation/create"}
+    ]
     retry = _call(2, "ask", inputResponses={"k": {"action": "accept", "content": {"pin": "1234"}}})
     pairing.observe(CLIENT_TO_SERVER, retry, 1)
     (second,) = pairing.observe(SERVER_TO_CLIENT, _result(2), 1)
@@ -106,11 +134,23 @@ def test_elicitation_digests_are_keyed_per_session() -> None:
     digests = []
     for _ in range(2):
         pairing = Pairing(SessionIdentity("stdio"))
-        pairing.observe(SERVER_TO_CLIENT, {"jsonrpc": "2.0", "id": 1, "method": "elicitation/create",
-                                           "params": {"requestedSchema": {"properties": {"pin": {}}}}}, 1)
-        (record,) = pairing.observe(CLIENT_TO_SERVER, {"jsonrpc": "2.0", "id": 1, "result": {
-            "action": "accept", "content": {"pin": "1234"}}}, 1)
-        assert record.direction == "server_to_client" and record.arguments == {"mode": None, "requested_fields": ["pin"]}
+        pairing.observe(
+            SERVER_TO_CLIENT,
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "elicitation/create",
+                "params": {"requestedSchema": {"properties": {"pin": {}}}},
+            },
+            1,
+        )
+        (record,) = pairing.observe(
+            CLIENT_TO_SERVER, {"jsonrpc": "2.0", "id": 1, "result": {"action": "accept", "content": {"pin": "1234"}}}, 1
+        )
+        assert record.direction == "server_to_client" and record.arguments == {
+            "mode": None,
+            "requested_fields": ["pin"],
+        }
         digests.append(record.result["content_digest"])  # type: ignore[index]
     # The same short answer in two sessions gives unrelated digests: a guess cannot be hashed and compared.
     assert digests[0] != digests[1]
@@ -119,8 +159,11 @@ def test_elicitation_digests_are_keyed_per_session() -> None:
 def test_close_all_records_every_open_request_as_incomplete() -> None:
     pairing = Pairing(SessionIdentity("stdio"))
     pairing.observe(CLIENT_TO_SERVER, _call(1), 1)
-    pairing.observe(SERVER_TO_CLIENT, {"jsonrpc": "2.0", "id": 9, "method": "sampling/createMessage",
-                                       "params": {"messages": [{}], "maxTokens": 5}}, 1)
+    pairing.observe(
+        SERVER_TO_CLIENT,
+        {"jsonrpc": "2.0", "id": 9, "method": "sampling/createMessage", "params": {"messages": [{}], "maxTokens": 5}},
+        1,
+    )
     records = pairing.close_all("server_exited", {"exit_code": 1})
     assert [(r.method, r.status, r.error) for r in records] == [
         ("tools/call", "incomplete", {"category": "server_exited", "exit_code": 1}),

@@ -22,8 +22,16 @@ from llmtap.mcp.records import (
 
 
 def _record(**fields: object) -> ToolCallRecord:
-    return ToolCallRecord(call_id="tc_1", session_id="ms_1", transport="stdio", direction="client_to_server",
-                          method="tools/call", jsonrpc_id=1, started_at=1.0, **fields)  # type: ignore[arg-type]
+    return ToolCallRecord(
+        call_id="tc_1",
+        session_id="ms_1",
+        transport="stdio",
+        direction="client_to_server",
+        method="tools/call",
+        jsonrpc_id=1,
+        started_at=1.0,
+        **fields,
+    )  # type: ignore[arg-type]
 
 
 def test_a_line_round_trips_and_names_its_schema() -> None:
@@ -42,8 +50,14 @@ def test_a_line_round_trips_and_names_its_schema() -> None:
 
 
 def test_a_large_result_keeps_a_bounded_part_and_its_full_sizes() -> None:
-    result = {"content": [{"type": "text", "text": "a" * 100}, {"type": "text", "text": "b" * 10_000},
-                          {"type": "text", "text": "c"}], "structuredContent": {"x": "y" * 5000}}
+    result = {
+        "content": [
+            {"type": "text", "text": "a" * 100},
+            {"type": "text", "text": "b" * 10_000},
+            {"type": "text", "text": "c"},
+        ],
+        "structuredContent": {"x": "y" * 5000},
+    }
     summary = summarize_result("tools/call", result, budget=1000)
     assert len(orjson.dumps(summary)) < 1500
     assert summary["content"][0] == {"type": "text", "text": "a" * 100}

@@ -58,9 +58,13 @@ def _tool_calls(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 async def test_every_byte_passes_unchanged_and_each_call_is_recorded_once(mode: str, tmp_path: Path) -> None:
     record = tmp_path / "calls.jsonl"
     client_side, server_side = str(tmp_path / "client"), str(tmp_path / "server")
-    command = [sys.executable, TEE, client_side, "--", *proxy_command(
-        "--record", str(record), "--", sys.executable, TEE, server_side, "--", *server_command()
-    )]
+    command = [
+        sys.executable,
+        TEE,
+        client_side,
+        "--",
+        *proxy_command("--record", str(record), "--", sys.executable, TEE, server_side, "--", *server_command()),
+    ]
     results = await _session(command, mode)
 
     # What the client sent is what the server received, and the other way round, byte for byte.
@@ -99,7 +103,12 @@ async def test_every_byte_passes_unchanged_and_each_call_is_recorded_once(mode: 
         assert elicitation["result"]["content_digest"].startswith("hmac-sha256:")
     else:
         (asked,) = [c for c in calls if c["status"] == "input_required"]
-        assert ask["retry"] == {"of": asked["call_id"], "original": asked["call_id"], "round": 1, "linked_by": "request_state"}
+        assert ask["retry"] == {
+            "of": asked["call_id"],
+            "original": asked["call_id"],
+            "round": 1,
+            "linked_by": "request_state",
+        }
         assert ask["input"]["responses"][0]["method"] == "elicitation/create"
         assert ask["input"]["responses"][0]["content_digest"].startswith("hmac-sha256:")
 
@@ -116,10 +125,14 @@ def _line(message: dict[str, Any]) -> bytes:
     return json.dumps(message).encode() + b"\n"
 
 
-HANDSHAKE = _line({
-    "jsonrpc": "2.0", "id": 1, "method": "initialize",
-    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}},
-}) + _line({"jsonrpc": "2.0", "method": "notifications/initialized"})
+HANDSHAKE = _line(
+    {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}},
+    }
+) + _line({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
 
 def _read_reply(process: subprocess.Popen[bytes], wanted_id: int) -> dict[str, Any]:
@@ -134,8 +147,12 @@ def _read_reply(process: subprocess.Popen[bytes], wanted_id: int) -> dict[str, A
 
 def test_a_server_that_crashes_mid_call_leaves_the_call_recorded_as_failed_and_its_exit_code(tmp_path: Path) -> None:
     record = tmp_path / "calls.jsonl"
-    with subprocess.Popen(proxy_command("--record", str(record), "--", *server_command()),
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+    with subprocess.Popen(
+        proxy_command("--record", str(record), "--", *server_command()),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as process:
         assert process.stdin is not None
         process.stdin.write(HANDSHAKE)
         process.stdin.flush()
@@ -151,29 +168,50 @@ def test_a_server_that_crashes_mid_call_leaves_the_call_recorded_as_failed_and_i
 
 
 def test_the_server_exit_code_is_llmtaps(tmp_path: Path) -> None:
-    code = subprocess.run(proxy_command("--", sys.executable, "-c", "import sys; sys.exit(7)"),
-                          stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False).returncode
+    code = subprocess.run(
+        proxy_command("--", sys.executable, "-c", "import sys; sys.exit(7)"),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    ).returncode
     assert code == 7
 
 
 def test_the_server_stderr_passes_through(tmp_path: Path) -> None:
-    done = subprocess.run(proxy_command("--", sys.executable, "-c", "import sys; sys.stderr.write('server log line\\n')"),
-                          stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False)
+    done = subprocess.run(
+        proxy_command("--", sys.executable, "-c", "import sys; sys.stderr.write('server log line\\n')"),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0 and b"server log line\n" in done.stderr and done.stdout == b""
 
 
 def test_a_missing_server_command_exits_127_with_one_line(tmp_path: Path) -> None:
-    done = subprocess.run(proxy_command("--", str(tmp_path / "no-such-server")), stdin=subprocess.DEVNULL,
-                          capture_output=True, timeout=60, check=False)
+    done = subprocess.run(
+        proxy_command("--", str(tmp_path / "no-such-server")),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 127
     assert b"was not found" in done.stderr and b"Traceback" not in done.stderr
 
 
 def test_a_malformed_line_passes_through_and_is_counted(tmp_path: Path) -> None:
-    payload = b"this is not json\n" + _line({"jsonrpc": "2.0", "id": 9, "method": "ping"}) + b"{\"half\": \n"
-    done = subprocess.run(proxy_command("--", sys.executable, "-c",
-                                        "import sys, shutil; shutil.copyfileobj(sys.stdin.buffer, sys.stdout.buffer)"),
-                          input=payload, capture_output=True, timeout=60, check=False)
+    payload = b"this is not json\n" + _line({"jsonrpc": "2.0", "id": 9, "method": "ping"}) + b'{"half": \n'
+    done = subprocess.run(
+        proxy_command(
+            "--", sys.executable, "-c", "import sys, shutil; shutil.copyfileobj(sys.stdin.buffer, sys.stdout.buffer)"
+        ),
+        input=payload,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0
     assert done.stdout == payload
     # Each bad line is seen once per direction (the echo server sends it back).
@@ -184,11 +222,22 @@ def test_a_huge_line_is_bounded_in_the_record_and_passed_whole(tmp_path: Path) -
     record = tmp_path / "calls.jsonl"
     with subprocess.Popen(
         proxy_command("--record", str(record), "--max-message-bytes", "4096", "--", *server_command()),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     ) as process:
         assert process.stdin is not None
-        process.stdin.write(HANDSHAKE + _line({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                                               "params": {"name": "big", "arguments": {"size": 100_000}}}))
+        process.stdin.write(
+            HANDSHAKE
+            + _line(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 2,
+                    "method": "tools/call",
+                    "params": {"name": "big", "arguments": {"size": 100_000}},
+                }
+            )
+        )
         process.stdin.flush()
         reply = _read_reply(process, 2)
         assert reply["result"]["content"][0]["text"] == "x" * 100_000
@@ -202,8 +251,9 @@ def test_a_huge_line_is_bounded_in_the_record_and_passed_whole(tmp_path: Path) -
 
 
 def test_a_client_that_goes_away_ends_the_session_cleanly(tmp_path: Path) -> None:
-    with subprocess.Popen(proxy_command("--", *server_command()),
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+    with subprocess.Popen(
+        proxy_command("--", *server_command()), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as process:
         assert process.stdin is not None and process.stdout is not None
         process.stdout.close()  # the client stops reading: the next answer cannot be written
         process.stdin.write(HANDSHAKE)
@@ -220,21 +270,32 @@ def test_signals_are_forwarded_to_the_server(tmp_path: Path) -> None:
         f"pathlib.Path({str(ready)!r}).touch()\n"
         "time.sleep(120)\n"
     )
-    with subprocess.Popen(proxy_command("--", sys.executable, "-c", server),
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+    with subprocess.Popen(
+        proxy_command("--", sys.executable, "-c", server),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as process:
         while not ready.exists() and process.poll() is None:
             time.sleep(0.01)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 42
 
 
-ECHO_CALL = _line({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "a"}}})
+ECHO_CALL = _line(
+    {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "a"}}}
+)
 
 
 def _echo_session(args: list[str], env: dict[str, str]) -> tuple[int, bytes]:
     """Handshake, one echo call answered, then the client closes: the exit code and the proxy's stderr."""
-    with subprocess.Popen(proxy_command(*args, "--", *server_command()), stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as process:
+    with subprocess.Popen(
+        proxy_command(*args, "--", *server_command()),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    ) as process:
         assert process.stdin is not None and process.stderr is not None
         process.stdin.write(HANDSHAKE + ECHO_CALL)
         process.stdin.flush()
@@ -266,9 +327,13 @@ def test_a_record_path_that_is_a_link_is_refused_before_the_server_starts(tmp_pa
     link = tmp_path / "calls.jsonl"
     link.symlink_to(target)
     marker = tmp_path / "started"
-    done = subprocess.run(proxy_command("--record", str(link), "--", sys.executable, "-c",
-                                        f"open({str(marker)!r}, 'w')"),
-                          stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False)
+    done = subprocess.run(
+        proxy_command("--record", str(link), "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 1 and b"not a link" in done.stderr
     assert not marker.exists() and target.read_text() == ""
 
@@ -290,14 +355,16 @@ async def test_a_recording_failure_never_breaks_the_session(failure: str, monkey
     said: list[str] = []
     recorder = Recorder(_FullDisk() if failure == "sink" else None, say=said.append)
     if failure == "recorder":
+
         def broken(*args: object) -> list[object]:
             raise RuntimeError("a recorder bug")
 
         monkeypatch.setattr(Pairing, "observe", broken)
     to_proxy_read, to_proxy_write = os.pipe()
     from_proxy_read, from_proxy_write = os.pipe()
-    session = asyncio.create_task(proxy_stdio(server_command(), recorder=recorder,
-                                              client_in=to_proxy_read, client_out=from_proxy_write))
+    session = asyncio.create_task(
+        proxy_stdio(server_command(), recorder=recorder, client_in=to_proxy_read, client_out=from_proxy_write)
+    )
     os.write(to_proxy_write, HANDSHAKE + ECHO_CALL)
     replies: list[dict[str, Any]] = []
     buffer = b""

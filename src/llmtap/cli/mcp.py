@@ -8,6 +8,10 @@ from pathlib import Path
 
 import click
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..mcp.recorder import Recorder
+
 __all__ = ["mcp_proxy"]
 
 RECORD_ENV = "LLMTAP_TOOL_CALLS_FILE"
@@ -15,17 +19,32 @@ RECORD_ENV = "LLMTAP_TOOL_CALLS_FILE"
 
 @click.command("mcp-proxy", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option(
-    "--record", "record_path", type=click.Path(dir_okay=False, path_type=Path),
+    "--record",
+    "record_path",
+    type=click.Path(dir_okay=False, path_type=Path),
     help=f"Append tool-call records (JSONL) to FILE (default: ${RECORD_ENV}; unset: only counted).",
 )
 @click.option("--upstream", help="URL of a streamable-HTTP MCP server endpoint, e.g. http://127.0.0.1:8000/mcp.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8790, show_default=True,
-              help="Port on 127.0.0.1 for --upstream mode (0: any free port).")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8790,
+    show_default=True,
+    help="Port on 127.0.0.1 for --upstream mode (0: any free port).",
+)
 @click.option("--rollout-id", help="Rollout id to put on every record.")
-@click.option("--max-message-bytes", type=click.IntRange(min=1024), default=None,
-              help="Longest message kept for recording (longer ones pass through, cut in the record).")
-@click.option("--max-body-bytes", type=click.IntRange(min=1024), default=None,
-              help="Largest request body accepted in --upstream mode (larger: 413).")
+@click.option(
+    "--max-message-bytes",
+    type=click.IntRange(min=1024),
+    default=None,
+    help="Longest message kept for recording (longer ones pass through, cut in the record).",
+)
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=1024),
+    default=None,
+    help="Largest request body accepted in --upstream mode (larger: 413).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def mcp_proxy(
     record_path: Path | None,
@@ -76,13 +95,16 @@ def mcp_proxy(
     sys.exit(code)
 
 
-def _run_stdio(command: list[str], recorder: object, rollout_id: str | None, limits: dict[str, int]) -> int:
+def _run_stdio(command: list[str], recorder: Recorder, rollout_id: str | None, limits: dict[str, int]) -> int:
     from ..mcp.pairing import SessionIdentity
     from ..mcp.stdio_proxy import run_stdio_proxy
 
     try:
         return run_stdio_proxy(
-            command, recorder=recorder, identity=SessionIdentity("stdio", rollout_id=rollout_id), **limits  # type: ignore[arg-type]
+            command,
+            recorder=recorder,
+            identity=SessionIdentity("stdio", rollout_id=rollout_id),
+            **limits,
         )
     except FileNotFoundError:
         click.echo(f"llmtap mcp-proxy: the server command {command[0]!r} was not found: check the path.", err=True)
@@ -93,15 +115,25 @@ def _run_stdio(command: list[str], recorder: object, rollout_id: str | None, lim
 
 
 def _run_http(
-    upstream: str, port: int, recorder: object, rollout_id: str | None, limits: dict[str, int], max_body_bytes: int | None
+    upstream: str,
+    port: int,
+    recorder: Recorder,
+    rollout_id: str | None,
+    limits: dict[str, int],
+    max_body_bytes: int | None,
 ) -> int:
     from ..errors import LlmtapError
-    from ..mcp.http_proxy import run_http_proxy
+    from ..mcp.framing import DEFAULT_MAX_MESSAGE_BYTES
+    from ..mcp.http_proxy import DEFAULT_MAX_BODY_BYTES, run_http_proxy
 
-    options: dict[str, object] = dict(limits)
-    if max_body_bytes is not None:
-        options["max_body_bytes"] = max_body_bytes
     try:
-        return run_http_proxy(upstream, port=port, recorder=recorder, rollout_id=rollout_id, **options)  # type: ignore[arg-type]
+        return run_http_proxy(
+            upstream,
+            port=port,
+            recorder=recorder,
+            rollout_id=rollout_id,
+            max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+            max_message_bytes=limits.get("max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES),
+        )
     except LlmtapError as exc:
         raise click.ClickException(str(exc)) from None

@@ -184,7 +184,8 @@ _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
 # The id of a response too long to keep, read only where the SDKs put it: first, or after "jsonrpc".
 _LEADING_ID = re.compile(
-    rb'\A\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?[0-9]{1,18}|"(?:[^"\\]|\\.){0,256}")\s*,\s*"(result|error)"'
+    rb'\A\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?'
+    rb'"id"\s*:\s*(-?[0-9]{1,18}|"(?:[^"\\]|\\.){0,256}")\s*,\s*"(result|error)"'
 )
 
 

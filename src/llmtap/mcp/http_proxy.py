@@ -50,10 +50,19 @@ MAX_SESSIONS = 1024
 MAX_UPSTREAM_CONNECTIONS = 256
 IDLE_STREAM_S = 24 * 3600.0
 _METHODS = frozenset({"POST", "GET", "DELETE"})
-_HOP_BY_HOP = frozenset({
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
-    b"te", b"trailer", b"transfer-encoding", b"upgrade",
-})
+_HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
 _NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length"}  # the upstream client writes these itself
 
 
@@ -131,7 +140,12 @@ class McpHttpProxy:
     def _new_session(self, seed: SessionIdentity | None = None) -> _Session:
         identity = SessionIdentity("streamable_http", rollout_id=self.rollout_id)
         if seed is not None:
-            identity.era, identity.version, identity.client, identity.server = seed.era, seed.version, seed.client, seed.server
+            identity.era, identity.version, identity.client, identity.server = (
+                seed.era,
+                seed.version,
+                seed.client,
+                seed.server,
+            )
         return _Session(identity, Pairing(identity))
 
     def _session(self, session_id: str | None) -> _Session:
@@ -218,8 +232,9 @@ class McpHttpProxy:
 class _Exchange:
     """One client request: forward it, stream the answer back, and record what it carried."""
 
-    def __init__(self, proxy: McpHttpProxy, method: str, headers: list[tuple[bytes, bytes]], body: bytes,
-                 rollout_id: str | None) -> None:
+    def __init__(
+        self, proxy: McpHttpProxy, method: str, headers: list[tuple[bytes, bytes]], body: bytes, rollout_id: str | None
+    ) -> None:
         self.proxy = proxy
         self.recorder = proxy.recorder
         self.method = method
@@ -281,7 +296,9 @@ class _Exchange:
         self.status = response.status
         content_type = (_header(response.headers, b"content-type") or "").split(";")[0].strip().lower()
         encoded = (_header(response.headers, b"content-encoding") or "identity").strip().lower() != "identity"
-        self.mode = "sse" if content_type == "text/event-stream" else "json" if content_type == "application/json" else None
+        self.mode = (
+            "sse" if content_type == "text/event-stream" else "json" if content_type == "application/json" else None
+        )
         if encoded and self.mode is not None:
             self.recorder.notice("encoded", "an MCP response was content-encoded; its calls are recorded as unknown")
             self.mode = "encoded"
@@ -301,7 +318,9 @@ class _Exchange:
         except (UpstreamClosed, UpstreamReadTimeout, UpstreamProtocolError, OSError):
             # The upstream broke off mid-answer: record that, and let the client see a cut response too.
             self.recorder.notice("upstream_cut", "an MCP upstream closed a response before its end")
-            await self._persist(self.pairing.close_all("upstream_closed", {"http_status": response.status}, status="failed"))
+            await self._persist(
+                self.pairing.close_all("upstream_closed", {"http_status": response.status}, status="failed")
+            )
             raise _UpstreamCut from None
         await self._finish(response.status, framer, held, copy, total, send)
 
@@ -329,7 +348,8 @@ class _Exchange:
             finished = self.recorder.observe_events(framer.close(), self.pairing, SERVER_TO_CLIENT, self._route)
         elif self.mode == "json":
             item: str | OversizedMessage = (
-                b"".join(copy).decode("utf-8", "replace") if total <= self.proxy.max_message_bytes
+                b"".join(copy).decode("utf-8", "replace")
+                if total <= self.proxy.max_message_bytes
                 else OversizedMessage(b"".join(copy)[:PREFIX_BYTES], total)
             )
             finished = self.recorder.observe_events([item], self.pairing, SERVER_TO_CLIENT, self._route)
@@ -418,12 +438,22 @@ def run_http_proxy(
     import uvicorn
 
     app = McpHttpProxy(
-        upstream, recorder=recorder, rollout_id=rollout_id, max_body_bytes=max_body_bytes,
+        upstream,
+        recorder=recorder,
+        rollout_id=rollout_id,
+        max_body_bytes=max_body_bytes,
         max_message_bytes=max_message_bytes,
     )
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", access_log=False,
-        timeout_graceful_shutdown=2, server_header=False, date_header=False,  # the upstream's own go through
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        access_log=False,
+        timeout_graceful_shutdown=2,
+        server_header=False,
+        date_header=False,  # the upstream's own go through
     )
     server = uvicorn.Server(config)
     logging.getLogger("uvicorn.error").addFilter(_QuietCut())
@@ -443,4 +473,3 @@ def run_http_proxy(
     finally:
         recorder.close()
     return 0 if server.started else 1
-

@@ -176,7 +176,9 @@ class Pairing:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def _request(self, direction: Direction, method: str, message: dict[str, Any], wire_bytes: int) -> list[ToolCallRecord]:
+    def _request(
+        self, direction: Direction, method: str, message: dict[str, Any], wire_bytes: int
+    ) -> list[ToolCallRecord]:
         key = _id_key(message.get("id"))
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
@@ -249,8 +251,11 @@ class Pairing:
             record.name = uri[:2000] if isinstance(uri, str) else None
         elif method == "elicitation/create":
             schema = params.get("requestedSchema")
-            fields = sorted(schema["properties"])[:100] if isinstance(schema, dict) and isinstance(
-                schema.get("properties"), dict) else None
+            fields = (
+                sorted(schema["properties"])[:100]
+                if isinstance(schema, dict) and isinstance(schema.get("properties"), dict)
+                else None
+            )
             record.arguments = {"mode": params.get("mode"), "requested_fields": fields}
         elif method == "sampling/createMessage":
             messages = params.get("messages")

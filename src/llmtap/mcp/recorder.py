@@ -58,7 +58,9 @@ class Recorder:
         self.framing = FramingStats()
         self._say = say
         self._said: set[str] = set()
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmtap-mcp-records") if self.keeps_records else None
+        self._writer = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmtap-mcp-records") if self.keeps_records else None
+        )
 
     def notice(self, kind: str, message: str) -> None:
         """Say `message` on stderr the first time `kind` happens."""
@@ -66,7 +68,9 @@ class Recorder:
             self._said.add(kind)
             self._say(f"llmtap mcp-proxy: {message}")
 
-    def observe_lines(self, framer: LineFramer, pairing: Pairing, direction: Direction, chunk: bytes) -> list[ToolCallRecord]:
+    def observe_lines(
+        self, framer: LineFramer, pairing: Pairing, direction: Direction, chunk: bytes
+    ) -> list[ToolCallRecord]:
         """Feed a chunk of newline-delimited JSON-RPC to `framer`; return the records it finished."""
         try:
             return self._observe(framer.feed(chunk), pairing, direction)
@@ -82,7 +86,10 @@ class Recorder:
             return self._failed(exc)
 
     def observe_events(
-        self, events: Sequence[str | OversizedMessage], pairing: Pairing, direction: Direction,
+        self,
+        events: Sequence[str | OversizedMessage],
+        pairing: Pairing,
+        direction: Direction,
         route: Callable[[dict[str, object]], Pairing] | None = None,
     ) -> list[ToolCallRecord]:
         """Look at whole messages (SSE events' data, or a JSON body); `route` picks a pairing per message."""
@@ -91,8 +98,14 @@ class Recorder:
         except Exception as exc:
             return self._failed(exc)
 
-    def observe_sse(self, framer: SSEFramer, chunk: bytes, pairing: Pairing, direction: Direction,
-                    route: Callable[[dict[str, object]], Pairing] | None = None) -> list[ToolCallRecord]:
+    def observe_sse(
+        self,
+        framer: SSEFramer,
+        chunk: bytes,
+        pairing: Pairing,
+        direction: Direction,
+        route: Callable[[dict[str, object]], Pairing] | None = None,
+    ) -> list[ToolCallRecord]:
         """Feed a chunk of an SSE response to `framer`; return the records its events finished."""
         try:
             return self._observe(framer.feed(chunk), pairing, direction, route)
@@ -100,7 +113,10 @@ class Recorder:
             return self._failed(exc)
 
     def _observe(
-        self, items: Sequence[bytes | str | OversizedMessage], pairing: Pairing, direction: Direction,
+        self,
+        items: Sequence[bytes | str | OversizedMessage],
+        pairing: Pairing,
+        direction: Direction,
         route: Callable[[dict[str, object]], Pairing] | None = None,
     ) -> list[ToolCallRecord]:
         finished: list[ToolCallRecord] = []
@@ -144,7 +160,9 @@ class Recorder:
             self.notice("late", f"a record write took over {self.write_timeout_s:g} s; the answer was released first")
         except Exception as exc:
             self.counts.dropped += len(records)
-            self.notice("dropped", f"could not write tool-call records ({type(exc).__name__}); counted, the session goes on")
+            self.notice(
+                "dropped", f"could not write tool-call records ({type(exc).__name__}); counted, the session goes on"
+            )
 
     def close(self) -> None:
         """Wait for writes in flight and close the sink; never raises."""

@@ -252,12 +252,22 @@ def _forward(process: asyncio.subprocess.Process, signum: int) -> None:
         process.send_signal(signum)
 
 
-def run_stdio_proxy(command: Sequence[str], *, recorder: Recorder, **options: object) -> int:
-    """Run `proxy_stdio` in a new event loop; close the recorder; return the server's exit code.
+def run_stdio_proxy(
+    command: Sequence[str],
+    *,
+    recorder: Recorder,
+    identity: SessionIdentity | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> int:
+    """Run `proxy_stdio` on this process's stdin and stdout in a new event loop; return the server's exit code.
+
+    The recorder is closed (its writes waited for) before returning.
 
     >>> run_stdio_proxy(["python", "server.py"], recorder=Recorder(None))  # doctest: +SKIP
     """
     try:
-        return asyncio.run(proxy_stdio(command, recorder=recorder, **options))  # type: ignore[arg-type]
+        return asyncio.run(
+            proxy_stdio(command, recorder=recorder, identity=identity, max_message_bytes=max_message_bytes)
+        )
     finally:
         recorder.close()
