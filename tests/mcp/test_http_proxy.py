@@ -300,3 +300,19 @@ async def test_a_server_that_dies_mid_answer_leaves_the_call_recorded_as_failed(
     assert record["name"] == "crash" and record["status"] == "failed"
     assert record["error"] == {"category": "upstream_closed", "http_status": 200}
     assert "Traceback" not in proxy.said and "closed a response before its end" in proxy.said
+
+
+def test_sessions_are_bounded_and_an_evicted_sessions_open_calls_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    import llmtap.mcp.http_proxy as http_proxy_module
+    from llmtap.mcp.pairing import SERVER_TO_CLIENT
+    from llmtap.mcp.recorder import Recorder
+
+    monkeypatch.setattr(http_proxy_module, "MAX_SESSIONS", 2)
+    proxy = http_proxy_module.McpHttpProxy("http://127.0.0.1:9/mcp", recorder=Recorder(None))
+    elicit = {"jsonrpc": "2.0", "id": 1, "method": "elicitation/create", "params": {}}
+    proxy._session("a").pairing.observe(SERVER_TO_CLIENT, elicit, 10)
+    proxy._session("b")
+    proxy._session("c")  # "a" is the least recently used: dropped, its open call closed
+    assert list(proxy._sessions) == ["b", "c"]
+    (evicted,) = proxy.evicted
+    assert evicted.method == "elicitation/create" and evicted.error == {"category": "session_evicted"}

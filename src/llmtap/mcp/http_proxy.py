@@ -63,7 +63,8 @@ _HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-_NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length"}  # the upstream client writes these itself
+# The upstream client writes host and content-length itself; the body is sent whole, so no `expect`.
+_NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length", b"expect"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +137,7 @@ class McpHttpProxy:
         )
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._sessionless = self._new_session()
+        self.evicted: list[ToolCallRecord] = []  # open calls of sessions dropped over the bound, not yet written
 
     def _new_session(self, seed: SessionIdentity | None = None) -> _Session:
         identity = SessionIdentity("streamable_http", rollout_id=self.rollout_id)
@@ -153,12 +155,16 @@ class McpHttpProxy:
             return self._sessionless
         session = self._sessions.get(session_id)
         if session is None:
+            self.make_room()
             session = self._sessions[session_id] = self._new_session(self._sessionless.identity)
-            while len(self._sessions) > MAX_SESSIONS:
-                _, old = self._sessions.popitem(last=False)
-                old.pairing.close_all("session_evicted")
         self._sessions.move_to_end(session_id)
         return session
+
+    def make_room(self) -> None:
+        """Drop the least recently used sessions over the bound; their open calls are written next."""
+        while len(self._sessions) >= MAX_SESSIONS:
+            _, old = self._sessions.popitem(last=False)
+            self.evicted += old.pairing.close_all("session_evicted")
 
     async def close(self) -> None:
         """Close the upstream connections."""
@@ -183,7 +189,10 @@ class McpHttpProxy:
             await _plain(send, 405, "An MCP endpoint takes POST, GET or DELETE.", [(b"allow", b"POST, GET, DELETE")])
             return
         headers: list[tuple[bytes, bytes]] = list(scope["headers"])
-        body = await self._read_body(headers, receive)
+        try:
+            body = await self._read_body(headers, receive)
+        except _ClientGone:
+            return  # nothing was sent upstream
         if body is None:
             await _plain(send, 413, f"The request body is over {self.max_body_bytes} bytes, this proxy's limit.")
             return
@@ -209,7 +218,7 @@ class McpHttpProxy:
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                return b"".join(parts)
+                raise _ClientGone  # a part of a body is never forwarded
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
@@ -366,15 +375,16 @@ class _Exchange:
     def _adopt_session(self, session_id: str) -> None:
         """The server opened a session in answer to this request: later requests carry its id."""
         sessions = self.proxy._sessions
-        while len(sessions) >= MAX_SESSIONS:
-            _, old = sessions.popitem(last=False)
-            old.pairing.close_all("session_evicted")
+        self.proxy.make_room()
         if self.session.pairing is self.proxy._sessionless.pairing:
             self.session = _Session(self.session.identity, Pairing(self.session.identity))
         sessions[session_id] = self.session
         self.session_id = session_id
 
     async def _persist(self, records: list[ToolCallRecord]) -> None:
+        if self.proxy.evicted:
+            await self.recorder.persist(self.proxy.evicted)
+            self.proxy.evicted = []
         if not records:
             return
         key = self.session.identity.digest_key
@@ -388,6 +398,10 @@ class _Exchange:
             if self.rollout_id is not None:
                 record.rollout_id = self.rollout_id
         await self.recorder.persist(records)
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its request body was whole."""
 
 
 class _UpstreamCut(Exception):
