@@ -66,8 +66,10 @@ def mcp_proxy(
     from ..mcp.records import JsonlToolCallSink
     from ..store import validate_rollout_id
 
-    if bool(command) == bool(upstream):
-        raise click.UsageError("Give either a server command after '--' (stdio) or --upstream URL (HTTP), not both.")
+    if command and upstream:
+        raise click.UsageError("Give a server command after '--' (stdio) or --upstream URL (HTTP), not both.")
+    if not command and not upstream:
+        raise click.UsageError("Give the MCP server's command after '--' (stdio), or --upstream URL (streamable HTTP).")
     if rollout_id is not None:
         try:
             validate_rollout_id(rollout_id)
