@@ -28,6 +28,7 @@ _COMMANDS = {
     "export": "export:export",
     "export-evidence": "evidence:export_evidence",
     "keys": "keys:keys",
+    "mcp-proxy": "mcp:mcp_proxy",
     "query": "query:query",
     "records": "records:records",
     "redact": "redact:redact",
