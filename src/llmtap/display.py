@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rich.table import Table
 
 from .records import ModelCallRecord
 
-__all__ = ["calls_table", "format_value", "metrics_line"]
+__all__ = ["calls_table", "format_value", "metrics_line", "tokens_per_second"]
 
 _NUMERIC = frozenset({"#", "in", "out", "reas", "cached", "ms", "ttft"})
 
@@ -24,6 +25,16 @@ def format_value(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
+
+
+def tokens_per_second(call: ModelCallRecord) -> float | None:
+    """Output tokens per second of a stream after its first token; None when not a stream or unknown."""
+    if not call.stream or call.tokens_out is None or call.latency_total_ms is None or call.latency_ttft_ms is None:
+        return None
+    generating_ms = call.latency_total_ms - call.latency_ttft_ms
+    if generating_ms <= 0 or call.tokens_out <= 1:
+        return None
+    return round((call.tokens_out - 1) / (generating_ms / 1000.0), 1)
 
 
 def calls_table(title: str, calls: Sequence[ModelCallRecord]) -> Table:

@@ -29,6 +29,7 @@ _COMMANDS = {
     "run": "run:run",
     "runs": "runs:runs",
     "serve": "serve:serve",
+    "view": "view:view",
 }
 _main: click.Group | None = None
 
