@@ -231,6 +231,7 @@ class _Viewer:
         if not text.isdigit() or len(text) > 9:
             raise _NotFound("A call is named by its call_index, a number.")
         index = int(text)
+        source.refresh(max_age=self._poll_for(source))
         lines, _, has_payloads, _ = read_rollout_lines(source, rollout_id)
         line = next((line for line in lines if line.call_index == index), None)
         if line is None:

@@ -15,6 +15,7 @@ __all__ = ["SORTS", "STATUSES", "Page", "Query", "run_query"]
 PER_PAGE_CHOICES = (25, 50, 100, 250)
 STATUSES = ("ok", "error", "empty", "incomplete", "unattributed", "collect_error")
 MAX_TEXT = 200
+SUMMARISE_FIRST = 2000  # with at most this many rollouts unsummarised, a query summarises them before answering
 
 # Sort name -> key on the summary (None: unknown, sorted last either way); "id" and "recent" need none.
 _SUMMARY_SORTS: dict[str, Callable[[RolloutSummary], Any]] = {
@@ -108,6 +109,9 @@ def run_query(
         needle = query.text.lower()
         ids = [rid for rid in ids if needle in rid.lower()]
     unjudged = 0
+    if query.needs_summaries and index is not None and len(index.files) - index.summarised <= SUMMARISE_FIRST:
+        while index.summarise_some(500):  # a small directory is answered exactly, without waiting for the background
+            pass
     summaries = index.summaries if index is not None else {}
     if query.needs_summaries:
         judged = [rid for rid in ids if _summary(rid, summaries, rows) is not None]
