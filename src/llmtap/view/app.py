@@ -131,15 +131,16 @@ class _Viewer:
         while not self._stop.is_set():
             busy = False
             for source in list(self.sources.sources.values()):
-                source.refresh(max_age=self._poll_for(source))
+                source.refresh(max_age=self._poll_for(source, look_inside=True), look_inside=True)
                 if source.captures is not None and source.captures.summarise_some(200):
                     busy = True
             self._stop.wait(0.01 if busy else self.settings.poll_seconds)
 
-    def _poll_for(self, source: Source) -> float:
-        """The listing's age allowed: at least the poll interval, and four listings' time on a big directory."""
-        scan = source.captures.scan_seconds if source.captures is not None else 0.0
-        return min(10.0, max(self.settings.poll_seconds, 4 * scan))
+    def _poll_for(self, source: Source, *, look_inside: bool = False) -> float:
+        """The listing's age allowed: the poll interval, or four times what a listing takes on a big directory."""
+        index = source.captures
+        took = 0.0 if index is None else index.look_seconds if look_inside else index.scan_seconds
+        return min(30.0, max(self.settings.poll_seconds, 4 * took))
 
     # --- rendering --------------------------------------------------------------------------
 
@@ -255,7 +256,7 @@ class _Viewer:
             return self._not_found(missing.message)
 
         def version() -> tuple[int, int]:
-            source.refresh(max_age=self._poll_for(source))
+            source.refresh(max_age=self._poll_for(source, look_inside=True), look_inside=True)
             return (
                 source.captures.version if source.captures is not None else 0,
                 source.rows.version if source.rows is not None else 0,

@@ -100,6 +100,8 @@ def run_query(
     `rows` (from a rollouts file) adds reward and attribution; with rows, the rollouts listed are
     the rows' ids (`row_order`), and their capture files are looked up in `index` when given.
     """
+    if query.sort == "recent" and index is not None and len(index.files) <= SUMMARISE_FIRST:
+        index.refresh(max_age=1.0, look_inside=True)  # file times for all: cheap on a small directory
     if row_order is not None:
         ids = list(row_order)
     else:
@@ -119,7 +121,7 @@ def run_query(
         ids = [rid for rid in judged if _matches(rid, query, _summary(rid, summaries, rows), index, rows)]
         if query.sort in _SUMMARY_SORTS:
             key = _SUMMARY_SORTS[query.sort]
-            ids = _sorted_nulls_last(ids, lambda rid: key(_summary(rid, summaries, rows)), query.descending)  # type: ignore[arg-type]
+            ids = _sorted_nulls_last(ids, lambda rid: key(_summary(rid, summaries, rows)), query.descending, index)  # type: ignore[arg-type]
         else:
             ids = _ordered(ids, query, index, rows)
     elif query.status in ("unattributed", "collect_error"):
@@ -183,19 +185,30 @@ def _ordered(ids: list[str], query: Query, index: CaptureIndex | None, rows: Map
             entry = files.get(rid)
             return entry.state.mtime_ns if entry is not None and entry.state is not None else None
 
-        return _sorted_nulls_last(ids, mtime, not query.descending)  # newest first unless asked otherwise
+        return _sorted_nulls_last(ids, mtime, not query.descending, index)  # newest first unless asked otherwise
     if query.sort == "reward" and rows is not None:
-        return _sorted_nulls_last(ids, lambda rid: rows[rid].reward if rid in rows else None, query.descending)
+        return _sorted_nulls_last(ids, lambda rid: rows[rid].reward if rid in rows else None, query.descending, None)
     if index is not None and rows is None and not query.descending:
         return ids  # the index keeps ids in natural order already
     return sorted(ids, key=natural_key, reverse=query.descending)
 
 
-def _sorted_nulls_last(ids: list[str], key: Callable[[str], Any], descending: bool) -> list[str]:
-    known = [(value, rid) for rid in ids if (value := key(rid)) is not None]
-    unknown = [rid for rid in ids if key(rid) is None]
-    known.sort(key=lambda pair: (pair[0], natural_key(pair[1])), reverse=descending)
-    return [rid for _, rid in known] + unknown
+def _sorted_nulls_last(
+    ids: list[str], key: Callable[[str], Any], descending: bool, index: CaptureIndex | None
+) -> list[str]:
+    """Sort by `key`, ties in id order, unknown (None) values last whichever the direction."""
+    known: list[tuple[Any, Any, str]] = []
+    unknown: list[str] = []
+    rank = index.rank if index is not None else None
+    for rid in ids:
+        value = key(rid)
+        if value is None:
+            unknown.append(rid)
+        else:
+            tie = rank.get(rid, 0) if rank is not None else natural_key(rid)
+            known.append((value, -tie if descending and rank is not None else tie, rid))
+    known.sort(key=lambda item: (item[0], item[1]), reverse=descending)
+    return [rid for _, _, rid in known] + unknown
 
 
 def _int(text: str | None, default: int) -> int:

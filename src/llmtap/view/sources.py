@@ -57,10 +57,10 @@ class Source:
             return f"run {self.sid}" + (f" · {command}" if command else "")
         return f"{self.kind} {self.path}"
 
-    def refresh(self, *, max_age: float = 0.0) -> None:
-        """Look at the files again (bounded by `max_age` for directory listings)."""
+    def refresh(self, *, max_age: float = 0.0, look_inside: bool = False) -> None:
+        """Look at the files again (at most every `max_age` seconds; see `CaptureIndex.refresh`)."""
         if self.captures is not None:
-            self.captures.refresh(max_age=max_age)
+            self.captures.refresh(max_age=max_age, look_inside=look_inside)
         if self.rows is not None:
             self.rows.refresh()
         if self.kind == "capsule":
@@ -145,8 +145,10 @@ def _capsules_in(runs_dir: str) -> list[str]:
 
     result = []
     for name in names:
+        if not is_ulid(name):  # checked first: a capture directory lists every rollout's files here
+            continue
         capsule = os.path.join(runs_dir, name)
-        if is_ulid(name) and _is_real_dir(capsule) and os.path.isfile(os.path.join(capsule, MANIFEST)):
+        if _is_real_dir(capsule) and os.path.isfile(os.path.join(capsule, MANIFEST)):
             result.append(capsule)
     return result
 
