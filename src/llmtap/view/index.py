@@ -69,6 +69,8 @@ class CaptureIndex:
         self.error: str | None = None
         self._lock = threading.RLock()
         self._cursor = 0  # where summarise_some goes on in `order`
+        self._listed: set[str] = set()  # every stem the last listing showed, valid or not
+        self._markers: set[str] = set()
 
     def path_for(self, rollout_id: str) -> str:
         """The capture file of a rollout id already checked against the id pattern."""
@@ -77,7 +79,7 @@ class CaptureIndex:
     def refresh(self, *, max_age: float = 0.0, look_inside: bool = False) -> None:
         """List the directory's names again (unless listed less than `max_age` seconds ago).
 
-        A listing reads names and file types only (no `stat` per file): what a page view pays.
+        A listing reads names only (no `stat` per file): what a page view pays.
         `look_inside=True` also `lstat`s every capture file and extends the summaries of the
         files that grew, by reading their appended lines: what the live poll pays, in the
         background.
@@ -86,32 +88,18 @@ class CaptureIndex:
         if max_age and now - (self.looked_at if look_inside else self.scanned_at) < max_age:
             return
         started = time.perf_counter()
-        found: dict[str, FileEntry] = {}
         try:
-            with os.scandir(self.root) as entries:
-                for entry in entries:
-                    self._take(entry, found)
+            names = os.listdir(self.root)
             error = None
         except OSError as exc:
+            names = []
             error = f"Could not list '{self.root}' ({exc.strerror}); check that it exists and is readable."
+        # Set operations in C over the names: on 100,000 rollouts a per-name Python loop costs more than the listing.
+        data = {name[: -len(DATA_SUFFIX)] for name in names if name.endswith(DATA_SUFFIX)}
+        markers = {name[: -len(MARKER_SUFFIX)] for name in names if name.endswith(MARKER_SUFFIX)}
         with self._lock:
             self.error = error
-            if found.keys() != self.files.keys():
-                self.order = sorted(found, key=natural_key)
-                self.rank = {rollout_id: position for position, rollout_id in enumerate(self.order)}
-            for rollout_id, listed in found.items():
-                old = self.files.get(rollout_id)
-                if old is None:
-                    self._bump(rollout_id)
-                    continue
-                if listed.refused == old.refused:
-                    listed.state = old.state  # known from an earlier look; `summary` and `look_inside` renew it
-                if old.incomplete != listed.incomplete or old.refused != listed.refused:
-                    self._bump(rollout_id)
-            for rollout_id in self.files.keys() - found.keys():
-                self.summaries.pop(rollout_id, None)
-                self._bump(rollout_id)
-            self.files = found
+            self._apply_listing(data, markers)
         self.scan_seconds = time.perf_counter() - started
         self.scanned_at = time.monotonic()
         if look_inside:
@@ -125,7 +113,10 @@ class CaptureIndex:
         for rollout_id, entry in list(self.files.items()):
             if entry.refused:
                 continue
-            state = file_state(self.path_for(rollout_id))
+            path = self.path_for(rollout_id)
+            state = file_state(path)
+            if state is None and os.path.lexists(path):
+                entry.refused = True
             if state != entry.state:
                 with self._lock:
                     entry.state = state
@@ -135,21 +126,31 @@ class CaptureIndex:
             if rollout_id in self.summaries:
                 self.summary(rollout_id)
 
-    def _take(self, entry: os.DirEntry[str], found: dict[str, FileEntry]) -> None:
-        name = entry.name
-        for suffix in (DATA_SUFFIX, MARKER_SUFFIX):
-            if not name.endswith(suffix):
-                continue
-            stem = name[: -len(suffix)]
-            if len(stem) > MAX_ID_LENGTH or ROLLOUT_ID_PATTERN.fullmatch(stem) is None:
-                return
-            current = found.get(stem) or FileEntry(None, False, False)
-            if suffix == MARKER_SUFFIX:
-                current.incomplete = True
-            elif not entry.is_file(follow_symlinks=False):  # the type the listing gives: no stat
-                current.refused = True
-            found[stem] = current
-            return
+    def _apply_listing(self, data: set[str], markers: set[str]) -> None:
+        """Add the rollouts that appeared, drop those that went, note marker changes (lock held)."""
+        listed = data | markers
+        added = {
+            rid for rid in listed - self._listed if len(rid) <= MAX_ID_LENGTH and ROLLOUT_ID_PATTERN.fullmatch(rid)
+        }
+        removed = (self._listed - listed) & self.files.keys()
+        for rollout_id in added:
+            self.files[rollout_id] = FileEntry(None, rollout_id in markers, False)
+            self._bump(rollout_id)
+        for rollout_id in removed:
+            del self.files[rollout_id]
+            self.summaries.pop(rollout_id, None)
+            self._bump(rollout_id)
+        for rollout_id in (markers ^ self._markers) & self.files.keys():
+            self.files[rollout_id].incomplete = rollout_id in markers
+            self._bump(rollout_id)
+        if removed or len(added) > 1000:
+            self.order = sorted(self.files, key=natural_key)
+        else:
+            for rollout_id in added:
+                bisect.insort(self.order, rollout_id, key=natural_key)
+        if added or removed:
+            self.rank = {rollout_id: position for position, rollout_id in enumerate(self.order)}
+        self._listed, self._markers = listed, markers
 
     def _bump(self, rollout_id: str) -> None:
         self.version += 1
@@ -162,7 +163,10 @@ class CaptureIndex:
             entry = self.files.get(rollout_id)
             if entry is None:
                 return None
-        state = None if entry.refused else file_state(self.path_for(rollout_id))
+        path = self.path_for(rollout_id)
+        state = None if entry.refused else file_state(path)
+        if state is None and not entry.refused and os.path.lexists(path):
+            entry.refused = True  # a link, FIFO or directory where the capture file should be: never read
         with self._lock:
             if state != entry.state:
                 entry.state = state
@@ -215,10 +219,7 @@ class CaptureIndex:
             if rollout_id not in self.files:
                 if file_state(self.path_for(rollout_id)) is None:
                     return None
-                self.files[rollout_id] = FileEntry(None, False, False)
-                bisect.insort(self.order, rollout_id, key=natural_key)
-                self.rank = {rid: position for position, rid in enumerate(self.order)}
-                self._bump(rollout_id)
+                self._apply_listing(self._listed | {rollout_id}, self._markers)
         return self.summary(rollout_id)
 
     def summarise_some(self, limit: int) -> int:

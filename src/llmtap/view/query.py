@@ -197,16 +197,16 @@ def _sorted_nulls_last(
     ids: list[str], key: Callable[[str], Any], descending: bool, index: CaptureIndex | None
 ) -> list[str]:
     """Sort by `key`, ties in id order, unknown (None) values last whichever the direction."""
-    known: list[tuple[Any, Any, str]] = []
+    known: list[tuple[Any, int, str]] = []
     unknown: list[str] = []
-    rank = index.rank if index is not None else None
+    rank = index.rank if index is not None else {rid: n for n, rid in enumerate(sorted(ids, key=natural_key))}
     for rid in ids:
         value = key(rid)
         if value is None:
             unknown.append(rid)
         else:
-            tie = rank.get(rid, 0) if rank is not None else natural_key(rid)
-            known.append((value, -tie if descending and rank is not None else tie, rid))
+            tie = rank.get(rid, 0)
+            known.append((value, -tie if descending else tie, rid))
     known.sort(key=lambda item: (item[0], item[1]), reverse=descending)
     return [rid for _, _, rid in known] + unknown
 

@@ -145,7 +145,7 @@ def _capsules_in(runs_dir: str) -> list[str]:
 
     result = []
     for name in names:
-        if not is_ulid(name):  # checked first: a capture directory lists every rollout's files here
+        if len(name) != 26 or not is_ulid(name):  # checked first: a capture directory lists every rollout's files here
             continue
         capsule = os.path.join(runs_dir, name)
         if _is_real_dir(capsule) and os.path.isfile(os.path.join(capsule, MANIFEST)):
