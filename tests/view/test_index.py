@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from llmtap import CaptureStore, read_model_call_records
 from llmtap.readers import aggregate_model_call_metrics
@@ -176,3 +178,13 @@ def test_a_file_seen_only_by_its_live_page_joins_the_listing(capture_dir: tuple[
     os.unlink(root / "5-0.capture.jsonl")
     index.refresh()
     assert "5-0" not in index.order
+
+
+@given(st.text(alphabet="0123456789-a_.", min_size=1, max_size=24))
+def test_the_fast_natural_key_is_the_general_one(rollout_id: str) -> None:
+    assert index_module.natural_key(rollout_id) == index_module._DIGITS.sub(index_module._length_prefixed, rollout_id)
+
+
+def test_ids_sort_with_numbers_as_numbers() -> None:
+    ids = ["10-0", "2-0-a10", "2-0", "x-1", "2-0-a2", "1-0", "2-0-a1"]
+    assert sorted(ids, key=index_module.natural_key) == ["1-0", "2-0", "2-0-a1", "2-0-a2", "2-0-a10", "10-0", "x-1"]

@@ -29,11 +29,17 @@ DATA_SUFFIX = ".capture.jsonl"  # the spec's file name, `<rollout_id>.capture.js
 MARKER_SUFFIX = ".capture.incomplete"
 MAX_ID_LENGTH = 200
 _DIGITS = re.compile(r"(\d+)")
+_TASK_ROLLOUT = re.compile(r"(\d+)-(\d+)(\D.*)?", re.ASCII | re.DOTALL)
 
 
 def natural_key(rollout_id: str) -> str:
     """Sort key that puts `2-0` before `10-0`: each digit run is prefixed with its length, so runs
     compare as numbers while the key stays one string (cheap to compare, for 100,000 ids)."""
+    match = _TASK_ROLLOUT.fullmatch(rollout_id)
+    if match is not None:  # the collector's `<task>-<rollout>[-a<n>]`: the same key, without a callback per run
+        task, rollout, rest = match.groups()
+        key = f"{len(task):03d}{task}-{len(rollout):03d}{rollout}"
+        return key + _DIGITS.sub(_length_prefixed, rest) if rest else key
     return _DIGITS.sub(_length_prefixed, rollout_id)
 
 
@@ -61,7 +67,6 @@ class CaptureIndex:
         self.rank: dict[str, int] = {}  # id -> position in `order`, the tie-break of every sort
         self.summaries: dict[str, RolloutSummary] = {}
         self.version = 0  # bumped whenever a file or summary changes
-        self.changed: dict[str, int] = {}  # rollout id -> version of its last change
         self.scan_seconds = 0.0  # how long the last listing took
         self.look_seconds = 0.0  # how long the last listing with an lstat per file took
         self.scanned_at = 0.0
@@ -135,7 +140,8 @@ class CaptureIndex:
         removed = (self._listed - listed) & self.files.keys()
         for rollout_id in added:
             self.files[rollout_id] = FileEntry(None, rollout_id in markers, False)
-            self._bump(rollout_id)
+        if added:
+            self.version += 1
         for rollout_id in removed:
             del self.files[rollout_id]
             self.summaries.pop(rollout_id, None)
@@ -153,8 +159,8 @@ class CaptureIndex:
         self._listed, self._markers = listed, markers
 
     def _bump(self, rollout_id: str) -> None:
+        """Note that something about `rollout_id` changed: live pages compare versions."""
         self.version += 1
-        self.changed[rollout_id] = self.version
 
     def summary(self, rollout_id: str) -> RolloutSummary | None:
         """The rollout's summary after one `lstat` of its file, extended by reading only what was
