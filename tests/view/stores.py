@@ -114,3 +114,56 @@ def build_store(root: Path) -> dict[str, list[str]]:
         "10-0": ["ok"], "xss-0": ["ok"], "4-0": ["ok", "ok"],
     })  # fmt: skip
     return outcomes
+
+
+def build_training_store(root: Path, rollouts_file: Path, *, rollouts: int = 36) -> None:
+    """A store that looks like a small RL job: tool loops of 2 to 7 calls, rewards, and the usual
+    failures (a refused key, output cut by max_tokens, a cancelled call), plus its rollouts file."""
+    from llmtap import attach_rollout, read_model_call_records
+
+    tool_call, answer = fixture("chat/tool-call-gpt4o"), fixture("chat/tool-result-followup-gpt4o")
+    store = CaptureStore(root)
+    try:
+        for task in range(rollouts // 2):
+            for repeat in range(2):
+                rollout_id = f"{task}-{repeat}"
+                number = task * 2 + repeat
+                started = T0 + number * 40.0
+                steps = 2 + (number * 7) % 6
+                for step in range(steps):
+                    last = step == steps - 1
+                    recorded, extra = (answer if last else tool_call), {}
+                    if last and number % 9 == 4:
+                        recorded = fixture("messages/max-tokens-stream-opus3")
+                    elif last and number % 11 == 6:
+                        recorded = fixture("chat/error-401-invalid-api-key")
+                    elif last and number % 13 == 8:
+                        extra = {"cancelled": True}
+                    latency = 500.0 + (number * 37 + step * 211) % 1400
+                    line = capture_line(
+                        recorded,
+                        started_at=started,
+                        latency_ms=latency,
+                        ttft_ms=latency * 0.25,
+                        rollout_id=rollout_id,
+                        **extra,
+                    )
+                    store.append(rollout_id, line)
+                    started += latency / 1000.0 + 0.3 + ((number + step) % 5) * 0.35  # the tool runs in between
+        rows = []
+        for task in range(rollouts // 2):
+            for repeat in range(2):
+                rollout_id = f"{task}-{repeat}"
+                records = read_model_call_records(store, rollout_id)
+                answered = records[-1].error_category is None and (task + repeat) % 3 != 2
+                row = {
+                    "_ng_task_index": task,
+                    "_ng_rollout_index": repeat,
+                    "_ng_rollout_id": rollout_id,
+                    "response": records[-1].response if answered else {"id": "not-captured"},
+                    "reward": 1.0 if answered and (task * 3 + repeat) % 4 else 0.0,
+                }
+                rows.append(attach_rollout(row, store))
+        rollouts_file.write_bytes(b"".join(json.dumps(row).encode() + b"\n" for row in rows))
+    finally:
+        store.close()

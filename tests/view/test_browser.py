@@ -171,3 +171,20 @@ def test_a_call_appended_while_the_page_is_open_appears_without_a_reload(
     )
     assert page.evaluate("window.__not_reloaded") is True and time.monotonic() - started < 15
     assert page.problems == []
+
+
+def test_screenshots_of_a_small_training_run(tmp_path: Path, page: Any) -> None:
+    """The README's screenshots: a rollouts file with its capture directory, as an RL engineer opens it."""
+    from tests.view.stores import build_training_store
+
+    build_training_store(tmp_path / "calls", tmp_path / "rollouts.jsonl")
+    with viewer_serving([tmp_path / "rollouts.jsonl", tmp_path / "calls"]) as url:
+        page.goto(url + "/s/f1?per_page=25")
+        assert page.locator("table.rollouts tbody tr").count() == 25
+        _shoot(page, tmp_path, "home")
+        page.goto(url + "/s/f1/r/2-1")
+        assert page.locator("svg.timeline g.bar").count() >= 2
+        _shoot(page, tmp_path, "rollout")
+        page.goto(url + "/s/f1/r/2-1/c/6")  # the answer after the tool loop: the whole conversation
+        _shoot(page, tmp_path, "call")
+    assert page.problems == []

@@ -188,3 +188,21 @@ def test_the_fast_natural_key_is_the_general_one(rollout_id: str) -> None:
 def test_ids_sort_with_numbers_as_numbers() -> None:
     ids = ["10-0", "2-0-a10", "2-0", "x-1", "2-0-a2", "1-0", "2-0-a1"]
     assert sorted(ids, key=index_module.natural_key) == ["1-0", "2-0", "2-0-a1", "2-0-a2", "2-0-a10", "10-0", "x-1"]
+
+
+def test_an_order_is_reused_until_the_directory_changes(tmp_path: Path) -> None:
+    root = tmp_path / "calls"
+    _many(root, 30)
+    index = CaptureIndex(str(root))
+    index.refresh()
+    query = Query.from_params({"sort": "calls", "order": "desc"})
+    first = run_query(index, query)
+    assert run_query(index, query).ids is not first.ids and index.query_cache  # the page is new, the order cached
+    cached = next(iter(index.query_cache.values()))[1][0]
+    assert run_query(index, query).ids == cached[:50]
+    with CaptureStore(root) as store:
+        for _ in range(9):
+            store.append("29-0", capture_line(fixture("chat/text-basic-gpt4o"), started_at=T0 + 50, latency_ms=10.0))
+    index.refresh()
+    index.summary("29-0")
+    assert run_query(index, query).ids[0] == "29-0"

@@ -17,6 +17,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from ..store import ROLLOUT_ID_PATTERN
 from .files import FileState, file_state
@@ -74,6 +75,8 @@ class CaptureIndex:
         self.error: str | None = None
         self._lock = threading.RLock()
         self._cursor = 0  # where summarise_some goes on in `order`
+        # Orders computed by `query.run_query`, with the version they were computed at.
+        self.query_cache: dict[tuple[Any, ...], tuple[int, tuple[list[str], int, int]]] = {}
         self._listed: set[str] = set()  # every stem the last listing showed, valid or not
         self._markers: set[str] = set()
 
@@ -215,7 +218,7 @@ class CaptureIndex:
         summary.offset = batch.next_offset
         summary.next_index = batch.next_index
         summary.torn_tail = batch.torn_tail
-        summary.state = batch.state
+        summary.state = entry.state if entry.state == batch.state else batch.state  # one object when they agree
         return summary
 
     def summary_now(self, rollout_id: str) -> RolloutSummary | None:

@@ -15,6 +15,7 @@ __all__ = ["SORTS", "STATUSES", "Page", "Query", "run_query"]
 PER_PAGE_CHOICES = (25, 50, 100, 250)
 STATUSES = ("ok", "error", "empty", "incomplete", "unattributed", "collect_error")
 MAX_TEXT = 200
+CACHED_QUERIES = 8  # the last few orders computed per index, valid while its version stays the same
 SUMMARISE_FIRST = 2000  # with at most this many rollouts unsummarised, a query summarises them before answering
 
 # Sort name -> key on the summary (None: unknown, sorted last either way); "id" and "recent" need none.
@@ -72,6 +73,11 @@ class Query:
         return {key: value for key, value in values.items() if value and defaults.get(key) != value}
 
     @property
+    def filtered(self) -> bool:
+        """True when some rows may be left out: a status, error category, model or text filter."""
+        return bool(self.status or self.category or self.model or self.text)
+
+    @property
     def needs_summaries(self) -> bool:
         """True when the answer depends on parsed summaries, not only on the directory listing."""
         return self.sort in _SUMMARY_SORTS or bool(self.status or self.category or self.model)
@@ -102,6 +108,33 @@ def run_query(
     """
     if query.sort == "recent" and index is not None and len(index.files) <= SUMMARISE_FIRST:
         index.refresh(max_age=1.0, look_inside=True)  # file times for all: cheap on a small directory
+    key = (query.sort, query.descending, query.status, query.category, query.model, query.text)
+    cache = index.query_cache if index is not None and rows is None else None  # a rows file changes in place
+    cached = cache.get(key) if cache is not None else None
+    if cached is not None and index is not None and cached[0] == index.version:
+        ids, listed, unjudged = cached[1]
+    else:
+        ids, listed, unjudged = _matching_ids(index, query, rows, row_order)
+        if cache is not None and index is not None:
+            cache[key] = (index.version, (ids, listed, unjudged))
+            while len(cache) > CACHED_QUERIES:
+                del cache[next(iter(cache))]
+    total = len(ids)
+    pages = max(1, -(-total // query.per_page))
+    page = min(query.page, pages)
+    shown = ids[(page - 1) * query.per_page : page * query.per_page]
+    result = Page(shown, total, listed, pages, unjudged)
+    for rid in shown:
+        result.summaries[rid] = index.summary(rid) if index is not None else None
+        if result.summaries[rid] is None and rows is not None and rid in rows:
+            result.summaries[rid] = rows[rid].summary
+    return result
+
+
+def _matching_ids(
+    index: CaptureIndex | None, query: Query, rows: Mapping[str, RowInfo] | None, row_order: list[str] | None
+) -> tuple[list[str], int, int]:
+    """Every matching id in order, how many were listed, and how many could not be judged yet."""
     if row_order is not None:
         ids = list(row_order)
     else:
@@ -129,16 +162,7 @@ def run_query(
         ids = _ordered(ids, query, index, rows)
     else:
         ids = _ordered(ids, query, index, rows)
-    total = len(ids)
-    pages = max(1, -(-total // query.per_page))
-    page = min(query.page, pages)
-    shown = ids[(page - 1) * query.per_page : page * query.per_page]
-    result = Page(shown, total, listed, pages, unjudged)
-    for rid in shown:
-        result.summaries[rid] = index.summary(rid) if index is not None else None
-        if result.summaries[rid] is None and rows is not None and rid in rows:
-            result.summaries[rid] = rows[rid].summary
-    return result
+    return ids, listed, unjudged
 
 
 def _summary(
