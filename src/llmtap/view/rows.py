@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from ..store import ROLLOUT_ID_PATTERN
 from .files import FileState, file_state, read_bounded
 from .summary import RolloutSummary
 
@@ -171,7 +172,7 @@ class RowsIndex:
             self.unreadable += 1
             return
         rollout_id = rollout_id_of_row(row) if isinstance(row, dict) else None
-        if rollout_id is None:
+        if rollout_id is None or len(rollout_id) > 200 or ROLLOUT_ID_PATTERN.fullmatch(rollout_id) is None:
             self.unreadable += 1
             return
         if rollout_id not in self.rows:
