@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -221,3 +222,22 @@ def test_the_live_stream_announces_an_appended_call(capture_dir: tuple[Path, dic
             received = [next(lines) for _ in range(3)]
         assert "event: changed" in received
         assert "#2" in http.get(url + "/s/d1/r/0-0/live").text
+
+
+def test_inline_images_show_as_thumbnails_and_remote_ones_are_never_loaded(tmp_path: Path) -> None:
+    recorded = fixture("chat/image-input-stream-gpt4o")
+    remote = json.loads(json.dumps(recorded.request_json))
+    remote["messages"][0]["content"][1]["image_url"]["url"] = "https://tracker.example/pixel.png"
+    svg = json.loads(json.dumps(recorded.request_json))
+    svg["messages"][0]["content"][1]["image_url"]["url"] = "data:image/svg+xml;base64,PHN2ZyBvbmxvYWQ9YWxlcnQoMSk+"
+    with CaptureStore(tmp_path) as store:
+        store.append("img-0", capture_line(recorded, started_at=T0, latency_ms=300.0))
+        store.append("img-0", capture_line(recorded, started_at=T0 + 1, latency_ms=300.0, request=remote))
+        store.append("img-0", capture_line(recorded, started_at=T0 + 2, latency_ms=300.0, request=svg))
+    client = client_for([tmp_path])
+    images = [attrs for tag, attrs in _elements(client.get("/s/d1/r/img-0/c/0").text) if tag == "img"]
+    assert len(images) == 1 and (images[0]["src"] or "").startswith("data:image/jpeg;base64,/9j/")
+    for index in (1, 2):  # a remote URL, or an SVG (which can carry script), stays text in the raw line
+        text = client.get(f"/s/d1/r/img-0/c/{index}").text
+        assert not [attrs for tag, attrs in _elements(text) if tag == "img"]
+        assert "image_url" in text
