@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..store import ROLLOUT_ID_PATTERN
 from .files import FileState, file_state
 from .lines import read_calls
 from .summary import RolloutSummary
@@ -28,8 +27,9 @@ __all__ = ["DATA_SUFFIX", "MARKER_SUFFIX", "CaptureIndex", "natural_key"]
 
 DATA_SUFFIX = ".capture.jsonl"  # the spec's file name, `<rollout_id>.capture.jsonl`
 MARKER_SUFFIX = ".capture.incomplete"
-MAX_ID_LENGTH = 200
 _DIGITS = re.compile(r"(\d+)")
+# ROLLOUT_ID_PATTERN with its 200-character bound, as one pattern for `filter` (no Python call per name).
+_VALID_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", re.ASCII)
 _TASK_ROLLOUT = re.compile(r"(\d+)-(\d+)(\D.*)?", re.ASCII | re.DOTALL)
 
 
@@ -63,7 +63,9 @@ class CaptureIndex:
 
     def __init__(self, root: str) -> None:
         self.root = root
-        self.files: dict[str, FileEntry] = {}
+        # Every listed rollout; None until something looked at its file (see `entry`), so a listing
+        # of 100,000 names does not build 100,000 objects.
+        self.files: dict[str, FileEntry | None] = {}
         self.order: list[str] = []  # ids in natural order
         self.rank: dict[str, int] = {}  # id -> position in `order`, the tie-break of every sort
         self.summaries: dict[str, RolloutSummary] = {}
@@ -79,6 +81,15 @@ class CaptureIndex:
         self.query_cache: dict[tuple[Any, ...], tuple[int, tuple[list[str], int, int]]] = {}
         self._listed: set[str] = set()  # every stem the last listing showed, valid or not
         self._markers: set[str] = set()
+
+    def entry(self, rollout_id: str) -> FileEntry | None:
+        """The listing's entry for a rollout (made on first use); None when it is not listed."""
+        if rollout_id not in self.files:
+            return None
+        found = self.files[rollout_id]
+        if found is None:
+            found = self.files[rollout_id] = FileEntry(None, False, False)
+        return found
 
     def path_for(self, rollout_id: str) -> str:
         """The capture file of a rollout id already checked against the id pattern."""
@@ -118,8 +129,9 @@ class CaptureIndex:
     def _look_inside(self) -> None:
         """`lstat` every listed capture file; extend the summaries of those that changed."""
         changed = []
-        for rollout_id, entry in list(self.files.items()):
-            if entry.refused:
+        for rollout_id in list(self.files):
+            entry = self.entry(rollout_id)
+            if entry is None or entry.refused:
                 continue
             path = self.path_for(rollout_id)
             state = file_state(path)
@@ -137,12 +149,9 @@ class CaptureIndex:
     def _apply_listing(self, data: set[str], markers: set[str]) -> None:
         """Add the rollouts that appeared, drop those that went, note marker changes (lock held)."""
         listed = data | markers
-        added = {
-            rid for rid in listed - self._listed if len(rid) <= MAX_ID_LENGTH and ROLLOUT_ID_PATTERN.fullmatch(rid)
-        }
+        added = set(filter(_VALID_ID.fullmatch, listed - self._listed))  # the id check, run in C per name
         removed = (self._listed - listed) & self.files.keys()
-        for rollout_id in added:
-            self.files[rollout_id] = FileEntry(None, rollout_id in markers, False)
+        self.files.update(dict.fromkeys(added))
         if added:
             self.version += 1
         for rollout_id in removed:
@@ -150,7 +159,7 @@ class CaptureIndex:
             self.summaries.pop(rollout_id, None)
             self._bump(rollout_id)
         for rollout_id in (markers ^ self._markers) & self.files.keys():
-            self.files[rollout_id].incomplete = rollout_id in markers
+            self.entry(rollout_id).incomplete = rollout_id in markers  # type: ignore[union-attr]
             self._bump(rollout_id)
         if removed or len(added) > 1000:
             self.order = sorted(self.files, key=natural_key)
@@ -169,7 +178,7 @@ class CaptureIndex:
         """The rollout's summary after one `lstat` of its file, extended by reading only what was
         appended since; None when the directory listing has no such rollout."""
         with self._lock:
-            entry = self.files.get(rollout_id)
+            entry = self.entry(rollout_id)
             if entry is None:
                 return None
         path = self.path_for(rollout_id)

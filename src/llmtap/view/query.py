@@ -189,7 +189,7 @@ def _matches(
     if summary is None:
         return False
     if query.status == "incomplete":
-        entry = index.files.get(rid) if index is not None else None
+        entry = index.entry(rid) if index is not None else None
         if not (entry is not None and entry.incomplete) and not (
             row is not None and "model_call_capture_incomplete" in row.gaps
         ):
@@ -206,7 +206,7 @@ def _ordered(ids: list[str], query: Query, index: CaptureIndex | None, rows: Map
         files = index.files
 
         def mtime(rid: str) -> int | None:
-            entry = files.get(rid)
+            entry = files.get(rid)  # None also when nothing looked at the file yet: its time is unknown
             return entry.state.mtime_ns if entry is not None and entry.state is not None else None
 
         return _sorted_nulls_last(ids, mtime, not query.descending, index)  # newest first unless asked otherwise

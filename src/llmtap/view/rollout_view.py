@@ -91,7 +91,7 @@ def load_rollout(source: Source, rollout_id: str) -> RolloutView | None:
     """Read a rollout for its page; None when the source holds neither a capture file nor a row for it."""
     lines, torn, has_payloads, state = read_rollout_lines(source, rollout_id)
     row = source.rows.row(rollout_id) if source.rows is not None else None
-    entry = source.captures.files.get(rollout_id) if source.captures is not None else None
+    entry = source.captures.entry(rollout_id) if source.captures is not None else None
     if state is None and row is None and entry is None:
         return None
     records = [line.record for line in lines if line.record is not None]
