@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ class Source:
     manifest: dict[str, Any] | None = None
     health: dict[str, Any] | None = None
     note: str = ""
+    _manifest_read_at: float = 0.0
 
     @property
     def label(self) -> str:
@@ -63,7 +65,9 @@ class Source:
             self.captures.refresh(max_age=max_age, look_inside=look_inside)
         if self.rows is not None:
             self.rows.refresh()
-        if self.kind == "capsule":
+        now = time.monotonic()
+        if self.kind == "capsule" and now - self._manifest_read_at >= max(max_age, 1.0):
+            self._manifest_read_at = now  # a running capsule's status changes once, when it ends
             self.manifest = _read_json(os.path.join(self.path, MANIFEST))
             self.health = _read_json(os.path.join(self.path, HEALTH))
 
