@@ -200,8 +200,9 @@ class _Viewer:
         return self._render(
             template, source=source, query=query, page=page, rows=rows or {}, models=sorted(models),
             categories=sorted(categories), title=source.label, single=len(self.sources.sources) == 1,
-            summarised=source.captures.summarised if source.captures is not None else page.listed,
-            listed=len(source.captures.files) if source.captures is not None else page.listed,
+            # A rollouts file's rows carry their own summaries: only a bare capture directory waits for them.
+            summarised=source.captures.summarised if source.captures is not None and rows is None else page.listed,
+            listed=len(source.captures.files) if source.captures is not None and rows is None else page.listed,
         )  # fmt: skip
 
     async def rows_fragment(self, request: Request) -> Response:
