@@ -36,6 +36,7 @@ _COMMANDS = {
     "runs": "runs:runs",
     "serve": "serve:serve",
     "verify": "evidence:verify",
+    "view": "view:view",
 }
 _main: click.Group | None = None
 

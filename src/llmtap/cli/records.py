@@ -10,7 +10,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from ..display import calls_table, format_value, metrics_line
+from ..display import calls_table, format_value, metrics_line, print_table
 from ..errors import LlmtapError, UnsafeCaptureFileError
 from ..store import CaptureStore
 from ..store.readers import aggregate_model_call_metrics, read_rollout_calls
@@ -110,7 +110,8 @@ def path(capture_dir: Path, rollout_id: str) -> None:
 @click.argument("rollout_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the normalized records as JSON lines.")
 @click.option("--payloads/--no-payloads", default=False, help="With --json, include request and response payloads.")
-def show(capture_dir: Path, rollout_id: str, as_json: bool, payloads: bool) -> None:
+@click.option("--wide", is_flag=True, help="Show every column, whatever the terminal's width.")
+def show(capture_dir: Path, rollout_id: str, as_json: bool, payloads: bool, wide: bool) -> None:
     """Show a rollout's captured calls as a table, with totals."""
     store = _open_store(capture_dir)
     calls = _read(store, rollout_id)
@@ -123,7 +124,7 @@ def show(capture_dir: Path, rollout_id: str, as_json: bool, payloads: bool) -> N
             click.echo(orjson.dumps(record.to_dict(include_payloads=payloads)).decode())
         return
     console = Console()
-    console.print(calls_table(f"rollout {rollout_id}", calls.records))
+    print_table(console, calls_table(f"rollout {rollout_id}", calls.records, width=console.width, wide=wide), wide=wide)
     console.print(metrics_line(aggregate_model_call_metrics(calls.records)))
     if calls.unreadable_lines:
         console.print(f"[yellow]{len(calls.unreadable_lines)} damaged line(s) skipped at call_index {calls.unreadable_lines}[/]")

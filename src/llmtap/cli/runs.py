@@ -114,7 +114,8 @@ def recover_run(run_ref: str, capsule_dir: Path | None) -> None:
 @capsule_dir_option
 @json_option
 @click.option("--calls/--no-calls", default=True, help="List the captured calls (default: yes).")
-def show_run(run_ref: str, capsule_dir: Path | None, as_json: bool, calls: bool) -> None:
+@click.option("--wide", is_flag=True, help="Show every column of the calls, whatever the terminal's width.")
+def show_run(run_ref: str, capsule_dir: Path | None, as_json: bool, calls: bool, wide: bool) -> None:
     """Show one run (an id, a unique id prefix, a capsule path, or `latest`)."""
     from ..capsule.manifest import find_capsule, read_manifest
 
@@ -145,14 +146,13 @@ def show_run(run_ref: str, capsule_dir: Path | None, as_json: bool, calls: bool)
     lines.append(f"health      {'ok' if health.get('ok') else 'see capture-health.json'}")
     for line in lines:
         click.echo(line)
-    for call in model_calls:
-        attributes = call.get("attributes", {})
-        click.echo(
-            f"  {call.get('rollout_id')}#{call.get('call_index')}  {call.get('name')}  "
-            f"{attributes.get('gen_ai.provider.name')}  {call.get('status')}  "
-            f"in={attributes.get('gen_ai.usage.input_tokens')} out={attributes.get('gen_ai.usage.output_tokens')}  "
-            f"{call.get('duration_ms')} ms"
-        )
+    if model_calls:
+        from rich.console import Console
+
+        from ..display import model_calls_table, print_table
+
+        console = Console()
+        print_table(console, model_calls_table(model_calls, width=console.width, wide=wide), wide=wide)
 
 
 def _model_calls(capsule: Path) -> list[dict[str, Any]]:
