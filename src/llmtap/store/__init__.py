@@ -13,7 +13,10 @@ Files: `<rollout_id>.capture.jsonl`, append-only, one JSON object per line, with
 incomplete marker, clear fence and late file beside it (see capture_store.py).
 """
 
+from llmtap.correlation.ids import ROLLOUT_ID_PATTERN, validate_rollout_id
 from llmtap.store.capture_store import CaptureStore
 from llmtap.store.results import AppendResult, ReadResult
 
-__all__ = ["AppendResult", "CaptureStore", "ReadResult"]
+# The id check lives with correlation (it must not load the store); the store's public names
+# have always included it.
+__all__ = ["ROLLOUT_ID_PATTERN", "AppendResult", "CaptureStore", "ReadResult", "validate_rollout_id"]
