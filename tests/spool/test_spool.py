@@ -15,22 +15,22 @@ from hypothesis import strategies as st
 
 from llmtap.capsule.finalise import CaptureOutcome, finalise_capsule
 from llmtap.capsule.manifest import start_manifest
-from llmtap.capsule.spool import (
-    KIND_CALL,
-    KIND_HEALTH,
-    SpoolCollector,
-    SpoolWriter,
-    drain_spool,
-    encode_frame,
-    encode_meta,
-    scan_frames,
-    spool_directory,
-)
 from llmtap.capsule.writer import CapsulePaths, create_capsule
 from llmtap.dialects import get_dialect
 from llmtap.exchange import SECRET_HEADERS, Exchange
-from llmtap.hooks.writer import credential_free, decode_call, encode_call
 from llmtap.records import raw_line_from_exchange
+from llmtap.spool.collector import SpoolCollector, drain_spool
+from llmtap.spool.frame import (
+    KIND_CALL,
+    KIND_HEALTH,
+    credential_free,
+    decode_call,
+    encode_call,
+    encode_frame,
+    encode_meta,
+    scan_frames,
+)
+from llmtap.spool.writer import SpoolWriter, spool_directory
 from llmtap.store import CaptureStore
 from tests.fixtures import RecordedExchange, all_fixtures
 from tests.test_records import exchange_from
@@ -435,7 +435,7 @@ def test_finalising_a_capsule_twice_never_records_a_call_twice(tmp_path: Path) -
 def test_a_spool_bigger_than_what_the_collector_holds_at_once_is_drained_whole_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import llmtap.capsule.spool as spool_module
+    import llmtap.spool.collector as spool_module
 
     monkeypatch.setattr(spool_module, "_READ_CHUNK", 1000)
     monkeypatch.setattr(spool_module, "_READ_LIMIT", 3000)  # smaller than one frame, and than the file
@@ -451,7 +451,7 @@ def test_a_spool_bigger_than_what_the_collector_holds_at_once_is_drained_whole_i
 # A process under `llmtap run` that opens calls and is killed with them in flight.
 _KILLED_WITH_CALLS_OPEN = """
 import os, signal, sys
-from llmtap.capsule.spool import SpoolWriter
+from llmtap.spool.writer import SpoolWriter
 writer = SpoolWriter(sys.argv[1])
 writer.set_in_flight(1)
 writer.set_in_flight(2)
