@@ -344,10 +344,10 @@ def _parsed_yaml(path: Path, raw: bytes) -> Any:
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"The URL registry '{path}' is not valid YAML ({exc}); fix its syntax.") from None
     try:
+        from ..store.durable import write_file_atomic  # only on a miss, which pays for PyYAML anyway
+
         cached.parent.mkdir(parents=True, exist_ok=True)
-        temporary = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(data), encoding="utf-8")
-        os.replace(temporary, cached)
+        write_file_atomic(cached, json.dumps(data).encode("utf-8"), sync=False)
     except (OSError, TypeError, ValueError):  # no cache then; the next run parses again
         pass
     return data
