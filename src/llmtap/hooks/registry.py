@@ -338,7 +338,7 @@ def _parsed_yaml(path: Path, raw: bytes) -> Any:
         pass
     import yaml  # type: ignore[import-untyped]
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: several times faster
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: the faster parser
     try:
         data = yaml.load(raw.decode("utf-8"), Loader=loader)  # noqa: S506 - a safe loader either way
     except (yaml.YAMLError, UnicodeDecodeError) as exc:

@@ -73,7 +73,7 @@ def _json_dumps(value: Any) -> bytes:
 
 
 def encode_meta(value: Any) -> bytes:
-    """JSON bytes of `value`: orjson when this interpreter can load it (ten times faster), else json."""
+    """JSON bytes of `value`: orjson when this interpreter can load it (the faster encoder), else json."""
     global _dumps
     dumps = _dumps
     if dumps is None:
