@@ -17,7 +17,7 @@ from llmtap.capsule.manifest import CapsuleError, start_manifest
 from llmtap.capsule.recover import RUNNER_ALIVE, RUNNER_GONE, RUNNER_UNKNOWN, recover_capsule, runner_state
 from llmtap.capsule.writer import CapsulePaths, create_capsule, hold_runner_lock
 from llmtap.cli import main
-from tests.spool.test_spool import _spool_calls
+from tests.spool.test_collector import _spool_calls
 
 # Holds the runner lock the way `llmtap run` does, until its stdin closes.
 HOLDER = """

@@ -32,7 +32,7 @@ from llmtap.spool.frame import KIND_CALL, encode_frame, encode_meta
 from llmtap.spool.writer import SpoolWriter, spool_directory
 from llmtap.store import CaptureStore
 from tests.fixtures import fixture
-from tests.spool.test_spool import _spool_calls
+from tests.spool.test_collector import _spool_calls
 
 T = TypeVar("T")
 TIMEOUT = 20.0
