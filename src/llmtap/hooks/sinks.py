@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
+from ..spool.writer import SpoolSink
 from .writer import WARM_UP_WAIT, RecordWriter, warm_up, writing_module, writing_ready
 
 if TYPE_CHECKING:
@@ -73,8 +74,6 @@ class RecordSink(Protocol):
 def make_sink(session: CaptureSession, *, spool: SpoolWriter | None, durability: Durability, linger: float) -> RecordSink:
     """The sink for a new capture: its spool when it has one, else the store in its durability mode."""
     if spool is not None:
-        from ..spool.writer import SpoolSink
-
         return SpoolSink(session, spool)
     if durability == "call":
         return StoreSink(session, linger)
