@@ -261,7 +261,7 @@ with open(out, "w") as handle:
 # `llmtap run` with the parent's live spool collector started as soon as the capsule exists, which
 # is what the runner does once it starts the collector itself (the bench then drops this arm).
 _RUNNER_LIVE = (
-    "import sys; from pathlib import Path; import llmtap.capsule.runner as r; from llmtap.capsule.spool import SpoolCollector\n"
+    "import sys; from pathlib import Path; import llmtap.capsule.runner as r; from llmtap.spool.collector import SpoolCollector\n"
     "open_capsule = r._open_capsule\n"
     "def open_and_collect(*a, **k):\n"
     "    paths, manifest = open_capsule(*a, **k); SpoolCollector(paths).start(); return paths, manifest\n"
@@ -324,7 +324,7 @@ def bench_run_per_call(calls: int, rounds: int, warm: int = 200) -> list[dict[st
             "llmtap run, nothing captured": [sys.executable, "-c", _RUNNER_NO_MATCH, str(runs_dir), str(registry)],
             "llmtap run": [sys.executable, "-c", _RUNNER, str(runs_dir)],
         }
-        if find_spec("llmtap.capsule.spool") is not None and _bench_starts_the_collector():
+        if find_spec("llmtap.spool.collector") is not None and _bench_starts_the_collector():
             arms["llmtap run, live collector"] = [sys.executable, "-c", _RUNNER_LIVE, str(runs_dir)]
         samples: dict[str, list[float]] = {name: [] for name in arms}
         round_medians: dict[str, list[float]] = {name: [] for name in arms}

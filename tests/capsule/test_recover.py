@@ -17,7 +17,7 @@ from llmtap.capsule.manifest import CapsuleError, start_manifest
 from llmtap.capsule.recover import RUNNER_ALIVE, RUNNER_GONE, RUNNER_UNKNOWN, recover_capsule, runner_state
 from llmtap.capsule.writer import CapsulePaths, create_capsule, hold_runner_lock
 from llmtap.cli import main
-from tests.capsule.test_spool import _spool_calls
+from tests.spool.test_collector import _spool_calls
 
 # Holds the runner lock the way `llmtap run` does, until its stdin closes.
 HOLDER = """
@@ -83,7 +83,8 @@ def test_recover_finalises_a_dead_run_from_its_spool_as_interrupted(tmp_path: Pa
 
 
 def test_a_recovery_after_a_finalisation_killed_halfway_records_each_call_once(tmp_path: Path) -> None:
-    from llmtap.capsule.spool import drain_spool, spool_directory
+    from llmtap.spool.collector import drain_spool
+    from llmtap.spool.writer import spool_directory
 
     paths = _running_capsule(tmp_path)
     _spool_calls(paths, 3)

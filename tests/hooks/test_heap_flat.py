@@ -25,10 +25,11 @@ import httpx
 import openai
 import pytest
 
-from llmtap.capsule.spool import KIND_CALL, SpoolWriter, scan_frames, spool_directory
 from llmtap.capture import capture
 from llmtap.hooks.registry import load_registry, vendored_registry_path
 from llmtap.hooks.session import CapturedCall, CaptureSession
+from llmtap.spool.frame import KIND_CALL, scan_frames
+from llmtap.spool.writer import SpoolWriter, spool_directory
 from tests.fixtures import fixture
 from tests.hooks.conftest import recorded_lines, session_in_use
 

@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 import llmtap.capture as capture_api
-from llmtap.capsule.spool import KIND_CALL, KIND_HEALTH, KIND_PROCESS, Frame, SpoolWriter, scan_frames
 from llmtap.hooks.registry import load_registry, vendored_registry_path
 from llmtap.hooks.session import CapturedCall, CaptureSession, reset_session, use_session
-from llmtap.hooks.writer import decode_call
+from llmtap.spool.frame import KIND_CALL, KIND_HEALTH, KIND_PROCESS, Frame, decode_call, scan_frames
+from llmtap.spool.writer import SpoolWriter
 from tests.fixtures import fixture
 from tests.hooks.conftest import fork_and_post, recorded_lines, session_in_use
 

@@ -25,12 +25,14 @@ import pytest
 from llmtap.capsule.finalise import CaptureOutcome, finalise_capsule
 from llmtap.capsule.health import write_process_health
 from llmtap.capsule.manifest import start_manifest
-from llmtap.capsule.spool import KIND_CALL, SpoolCollector, SpoolWriter, encode_frame, encode_meta, spool_directory
 from llmtap.capsule.writer import create_capsule
 from llmtap.errors import CaptureDirectoryError, StoreError, UnsafeCaptureFileError
+from llmtap.spool.collector import SpoolCollector
+from llmtap.spool.frame import KIND_CALL, encode_frame, encode_meta
+from llmtap.spool.writer import SpoolWriter, spool_directory
 from llmtap.store import CaptureStore
-from tests.capsule.test_spool import _spool_calls
 from tests.fixtures import fixture
+from tests.spool.test_collector import _spool_calls
 
 T = TypeVar("T")
 TIMEOUT = 20.0

@@ -255,7 +255,7 @@ def finalise_capsule(
             "it was not finalised, so nothing outside it is touched: look for the original capsule directory."
         )
     tampered = _remove_special_entries(paths)
-    from .spool import drain_spool
+    from ..spool.collector import drain_spool
 
     drain_spool(paths)  # the records of the calls the workload's processes spooled (llmtap run)
     if _has_calls(paths):

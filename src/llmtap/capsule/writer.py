@@ -13,14 +13,15 @@
 
 The workload writes into its own capsule, so nothing here trusts what it finds: writes replace
 files by atomic rename and never follow a symbolic link (`O_NOFOLLOW`); reads refuse links and
-special files.
+special files. The atomic replaces and fsyncs are `store.durable`'s, imported where they are
+used: `llmtap run` creates its capsule with this module before its command starts, when loading
+the store package would cost more than the rest of its start-up.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-import time
 
 from .ulid import new_ulid
 
@@ -157,14 +158,6 @@ def _default_runs_dir() -> str:
     return os.path.expanduser(configured) if configured else os.path.join(".llmtap", "runs")
 
 
-def write_file_atomic(path: str | os.PathLike[str], data: bytes, *, sync: bool = True) -> None:
-    """Replace `path` with `data`: written to a fresh temp file (never through a link), then renamed.
-
-    `sync=False` skips the fsync, for files a later synced write makes durable (`sync_files`).
-    """
-    os.replace(_write_temporary(path, data, sync=sync), path)
-
-
 def write_new_file(path: str | os.PathLike[str], data: bytes) -> None:
     """Create `path` (which must not exist yet, nor be a link) holding `data`; no fsync.
 
@@ -180,26 +173,18 @@ def write_new_file(path: str | os.PathLike[str], data: bytes) -> None:
         os.close(fd)
 
 
-def _write_temporary(path: str | os.PathLike[str], data: bytes, *, sync: bool) -> str:
-    """Write `data` to a new temp file next to `path` and return its name."""
-    directory, name = os.path.split(os.fspath(path))
-    temporary = os.path.join(directory, f".{name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if sync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    return temporary
-
-
 def _json_bytes(data: Any) -> bytes:
     import json
 
     return (json.dumps(data, indent=2, sort_keys=False, default=str) + "\n").encode("utf-8")
+
+
+def write_file_atomic(path: str | os.PathLike[str], data: bytes, *, sync: bool = True) -> None:
+    """Replace `path` with `data` atomically, never through a link (`store.durable.write_file_atomic`)."""
+    # Imported here: `llmtap run` imports this module before its command starts.
+    from ..store.durable import write_file_atomic as replace_file
+
+    replace_file(path, data, sync=sync)
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any, *, sync: bool = True) -> None:
@@ -211,71 +196,20 @@ def write_json_last(path: str | os.PathLike[str], data: Any, *, after: Sequence[
     """Replace `path` with `data` as JSON, durably, once the files in `after` and their names are durable.
 
     A capsule's commit point: its manifest must never say a run is done before the files it names
-    are on disk. One pass of syncs: the new manifest goes to a temp file, it and every file in
-    `after` are synced together (`sync_files`), then the temp file is renamed over `path` and the
-    directory synced, so the rename itself survives a crash.
+    are on disk (`store.durable.write_file_last`).
     """
-    temporary = _write_temporary(path, _json_bytes(data), sync=False)
-    try:
-        sync_files([*after, temporary])
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
-    _sync_directory(os.path.dirname(os.fspath(path)))
+    # Imported here: `llmtap run` imports this module before its command starts.
+    from ..store.durable import write_file_last
+
+    write_file_last(path, _json_bytes(data), after=after)
 
 
 def sync_files(paths: Sequence[str | os.PathLike[str]]) -> None:
-    """fsync several files, then their directories (missing files are skipped).
+    """fsync several files, then their directories (missing files are skipped; `store.durable.sync_files`)."""
+    # Imported here: `llmtap run` imports this module before its command starts.
+    from ..store.durable import sync_files as sync
 
-    Writeback of every file is started before the first fsync, so on a journalling filesystem
-    one commit tends to carry them all and the later fsyncs find little left to do: as quick as
-    syncing them on threads, without the threads.
-    """
-    fds: list[int] = []
-    try:
-        for path in paths:
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            except OSError:
-                continue
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                fds.append(fd)
-            else:  # swapped for a FIFO or device since it was written: nothing of ours to sync
-                os.close(fd)
-        for fd in fds:
-            _start_writeback(fd)
-        for fd in fds:
-            os.fsync(fd)
-    finally:
-        for fd in fds:
-            os.close(fd)
-    for directory in dict.fromkeys(os.path.dirname(os.fspath(path)) for path in paths):
-        _sync_directory(directory)
-
-
-def _start_writeback(fd: int) -> None:
-    """Ask the kernel to start writing `fd`'s dirty pages now (Linux does for POSIX_FADV_DONTNEED); a hint only."""
-    advise = getattr(os, "posix_fadvise", None)
-    if advise is not None:
-        try:
-            advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
-
-
-def _sync_directory(directory: str) -> None:
-    try:
-        fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    sync(paths)
 
 
 def directory_identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:

@@ -69,7 +69,7 @@ def serve(
         if capsule and config.workers > 1:
             raise click.UsageError("A capsule is recorded by one process: drop --workers (or ++workers) with --capsule.")
         if capsule:
-            from ..capsule.serve import serve_into_capsule
+            from ..server.capsule_mode import serve_into_capsule
 
             click.echo(f"capsule: {serve_into_capsule(config, runs_dir=capsule_dir)}", err=True)
         else:

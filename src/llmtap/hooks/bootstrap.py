@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..capsule.spool import SpoolWriter, spool_directory
+from ..spool.writer import SpoolWriter, spool_directory
 from .install import acquire_hooks, hook_module
 from .postimport import PostImportFinder
 from .registry import load_registry, registry_from_data

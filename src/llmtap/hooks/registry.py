@@ -338,16 +338,16 @@ def _parsed_yaml(path: Path, raw: bytes) -> Any:
         pass
     import yaml  # type: ignore[import-untyped]
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: several times faster
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: the faster parser
     try:
         data = yaml.load(raw.decode("utf-8"), Loader=loader)  # noqa: S506 - a safe loader either way
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"The URL registry '{path}' is not valid YAML ({exc}); fix its syntax.") from None
     try:
+        from ..store.durable import write_file_atomic  # only on a miss, which pays for PyYAML anyway
+
         cached.parent.mkdir(parents=True, exist_ok=True)
-        temporary = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(data), encoding="utf-8")
-        os.replace(temporary, cached)
+        write_file_atomic(cached, json.dumps(data).encode("utf-8"), sync=False)
     except (OSError, TypeError, ValueError):  # no cache then; the next run parses again
         pass
     return data

@@ -1,7 +1,8 @@
 """Durability steps, atomicwrites-style: each one named, each one a syscall or two.
 
 The one place llmtap makes bytes and names survive a crash: the capture store's appends, markers
-and tombstones, and the whole-file rewrites of rollout files (`replace_atomically`). Names are
+and tombstones, the whole-file rewrites of rollout files (`replace_atomically`), and a capsule's
+files (`write_file_atomic`, and `write_file_last` for its manifest, the commit point). Names are
 looked up on `os` at call time, so tests that patch `os.fsync` or `os.fdatasync` reach them.
 
 Capture files live in a directory other programs can write to, so every open of one here goes
@@ -15,7 +16,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from io import BufferedWriter
 from pathlib import Path
@@ -32,7 +34,11 @@ __all__ = [
     "replace_file_synced",
     "sync_data",
     "sync_directory",
+    "sync_files",
     "write_all",
+    "write_file_atomic",
+    "write_file_last",
+    "write_temporary",
 ]
 
 FILE_MODE = 0o644
@@ -197,13 +203,16 @@ def append_lines_durably(name: str, dir_fd: int, lines: list[bytes]) -> None:
 def replace_atomically(target: Path, purpose: str) -> Iterator[BufferedWriter]:
     """Yield a writer whose bytes replace `target` whole, or not at all.
 
-    The writer is a temporary file next to `target`, named for `purpose` and this process. On a
-    clean exit it is flushed, fsynced and renamed over `target`, and the directory is synced; on
-    any exception it is removed and `target` is left as it was.
+    The writer is a temporary file next to `target`, named for `purpose`, this process and a
+    random part, and created with O_EXCL | O_NOFOLLOW: a link or file planted at that name is
+    never written through (the open fails instead). On a clean exit it is flushed, fsynced and
+    renamed over `target`, and the directory is synced; on any exception it is removed and
+    `target` is left as it was.
     """
-    temporary = target.with_name(f".{target.name}.{purpose}-{os.getpid()}.tmp")
+    temporary = target.with_name(f".{target.name}.{purpose}-{os.getpid()}-{os.urandom(4).hex()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | SAFE_FLAGS, FILE_MODE)
     try:
-        with temporary.open("wb") as writer:
+        with os.fdopen(fd, "wb") as writer:
             yield writer
             writer.flush()
             os.fsync(writer.fileno())
@@ -212,3 +221,114 @@ def replace_atomically(target: Path, purpose: str) -> Iterator[BufferedWriter]:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def write_file_atomic(path: str | os.PathLike[str], data: bytes, *, sync: bool = True) -> None:
+    """Replace `path` with `data`: written to a fresh temp file (never through a link), then renamed.
+
+    `sync=False` skips the fsync, for files a later synced write makes durable (`sync_files`).
+    """
+    temporary = write_temporary(path, data, sync=sync)
+    try:
+        os.replace(temporary, path)
+    except BaseException:
+        _remove_quietly(temporary)
+        raise
+
+
+def write_temporary(path: str | os.PathLike[str], data: bytes, *, sync: bool) -> str:
+    """Write `data` to a new temp file next to `path` and return its name.
+
+    The name is fresh (pid, clock and a random part) and created with O_EXCL | O_NOFOLLOW, so
+    nothing planted next to `path` is ever written through; a failed write leaves no temp file.
+    """
+    directory, name = os.path.split(os.fspath(path))
+    temporary = os.path.join(directory, f".{name}.{os.getpid()}.{time.monotonic_ns()}.{os.urandom(3).hex()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    try:
+        try:
+            write_all(fd, data)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        _remove_quietly(temporary)
+        raise
+    return temporary
+
+
+def _remove_quietly(path: str | os.PathLike[str]) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def write_file_last(path: str | os.PathLike[str], data: bytes, *, after: Sequence[str | os.PathLike[str]]) -> None:
+    """Replace `path` with `data`, durably, once the files in `after` and their names are durable.
+
+    A capsule's commit point: its manifest must never say a run is done before the files it names
+    are on disk. One pass of syncs: the new manifest goes to a temp file, it and every file in
+    `after` are synced together (`sync_files`), then the temp file is renamed over `path` and the
+    directory synced, so the rename itself survives a crash.
+    """
+    temporary = write_temporary(path, data, sync=False)
+    try:
+        sync_files([*after, temporary])
+        os.replace(temporary, path)
+    except BaseException:
+        _remove_quietly(temporary)
+        raise
+    _sync_directory_if_present(os.path.dirname(os.fspath(path)))
+
+
+def sync_files(paths: Sequence[str | os.PathLike[str]]) -> None:
+    """fsync several files, then their directories (missing files are skipped).
+
+    Writeback of every file is started before the first fsync, so on a journalling filesystem
+    one commit tends to carry them all and the later fsyncs find little left to do: as quick as
+    syncing them on threads, without the threads.
+    """
+    fds: list[int] = []
+    try:
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                fds.append(fd)
+            else:  # swapped for a FIFO or device since it was written: nothing of ours to sync
+                os.close(fd)
+        for fd in fds:
+            _start_writeback(fd)
+        for fd in fds:
+            os.fsync(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    for directory in dict.fromkeys(os.path.dirname(os.fspath(path)) for path in paths):
+        _sync_directory_if_present(directory)
+
+
+def _start_writeback(fd: int) -> None:
+    """Ask the kernel to start writing `fd`'s dirty pages now (Linux does for POSIX_FADV_DONTNEED); a hint only."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is not None:
+        try:
+            advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+
+
+def _sync_directory_if_present(directory: str) -> None:
+    """fsync `directory` (never through a link); a directory that cannot be opened is skipped."""
+    try:
+        fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -10,8 +10,8 @@ import openai
 
 from llmtap.capsule.finalise import CaptureOutcome, finalise_capsule
 from llmtap.capsule.manifest import start_manifest
-from llmtap.capsule.serve import DefaultRolloutPrefix
 from llmtap.capsule.writer import create_capsule
+from llmtap.server.capsule_mode import DefaultRolloutPrefix
 from llmtap.server.config import load_serve_config
 from llmtap.server.proxy import build_app
 from llmtap.store import CaptureStore
@@ -54,7 +54,7 @@ def test_serve_into_capsule_finalises_the_capsule_when_the_server_is_stopped(rep
     port = free_port()
     code = (
         "import sys; from pathlib import Path; from llmtap.server.config import load_serve_config; "
-        "from llmtap.capsule.serve import serve_into_capsule; "
+        "from llmtap.server.capsule_mode import serve_into_capsule; "
         "config = load_serve_config(settings={'upstreams': {'default': {'base_url': sys.argv[1]}}, 'port': int(sys.argv[2])}); "
         "serve_into_capsule(config, runs_dir=Path(sys.argv[3]))"
     )

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..capsule.finalise import CaptureOutcome, finalise_capsule
+from ..capsule.manifest import start_manifest
+from ..capsule.writer import CapsulePaths, create_capsule
 from ..correlation.ids import ROLLOUT_PREFIX, validate_rollout_id
-from ..server.asgi import ASGIApp, Receive, Scope, Send
-from .finalise import CaptureOutcome, finalise_capsule
-from .manifest import start_manifest
-from .writer import CapsulePaths, create_capsule
+from .asgi import ASGIApp, Receive, Scope, Send
 
 __all__ = ["DefaultRolloutPrefix", "serve_into_capsule"]
 
@@ -44,9 +44,9 @@ def serve_into_capsule(config: Any, *, runs_dir: Path | None = None) -> Path:
     """Serve `config` (a ServeConfig) until stopped, capturing into a new capsule; returns its path."""
     import uvicorn
 
-    from ..server.proxy import build_app
-    from ..server.run import prepare_server_process, uvicorn_config
     from ..store import CaptureStore
+    from .proxy import build_app
+    from .run import prepare_server_process, uvicorn_config
 
     prepare_server_process()
     started, started_mono = time.time(), time.perf_counter()

@@ -1,37 +1,11 @@
-"""Spool files: how each process under `llmtap run` hands its finished calls to the recorder.
+"""The parent's spool collector: how `llmtap run` turns its processes' spool frames into records.
 
-A workload process does no record building. When a call ends it appends one self-describing
-frame (the call's metadata, then its request and response bytes; `hooks.writer.encode_call`) to
-its own spool file under the capsule's `internal/spool/`, with a single `writev` on an
-`O_APPEND` descriptor (`SpoolWriter`): no thread, no lock, no fsync. The page cache keeps what
-was written when the process then ends by `os._exit`, SIGTERM or SIGKILL. Credential headers are
-removed before the frame is built, and the frame carries no exception message, only types (which
-is all a record keeps). `hooks.writer.decode_call` turns a call's frame back into its Exchange.
-
-The `llmtap run` parent turns frames into the capsule's records with a `SpoolCollector`: live,
-on a thread that polls for spool files and does its work once one appears, and at finalisation
-(`drain_spool`), which drains the rest whether or not a live collector ran. Each call becomes
-exactly one store line, in the order its process wrote the frames.
-
-Frame (little-endian):
-
-    header   32 bytes  magic "LTSP", version, kind, 2 reserved, meta length (u32),
-                       request length (u64), response length (u64), CRC-32 of these 28 bytes
-    meta     JSON      kind 1 (call): what `Exchange` needs; 2 (health): count deltas;
-                       3 (process): pid and argv[0]
-    request  bytes
-    response bytes
-    trailer  4 bytes   CRC-32 of meta, request and response
-
-Next to its spool file, a process keeps the number of its calls in flight in
-`<same name>.inflight` (8 bytes, little-endian), a file it maps into memory at its first call:
-updating it is a store into memory, no system call, and the page cache keeps the last value when
-the process is killed. Finalisation reports a non-zero count as calls in flight at exit
-(`calls_in_flight_at_exit`): calls a killed process never finished, which leave no frame.
-
-A frame cut short (a process killed in the middle of its write, a full disk) or damaged is
-skipped: the reader looks for the next header, counts the loss in capture health, and never
-raises. A frame still being written is left for the next pass, until the final one.
+The `llmtap run` parent turns frames (`spool.frame`) into the capsule's records with a
+`SpoolCollector`: live, on a thread that polls for spool files and does its work once one
+appears, and at finalisation (`drain_spool`), which drains the rest whether or not a live
+collector ran. Each call becomes exactly one store line, in the order its process wrote the
+frames. A torn or damaged frame is counted in capture health and skipped, never raised; a
+process's `.inflight` count left non-zero is reported as `calls_in_flight_at_exit`.
 """
 
 from __future__ import annotations
@@ -39,13 +13,14 @@ from __future__ import annotations
 import _thread
 import os
 import stat
-import struct
 import sys
 import time
-import zlib
 
-# Only what the workload has loaded already and the recorder needs at once: the rest is imported
-# where it is used (finalisation imports this module even for a run that spooled nothing).
+from .frame import KIND_CALL, KIND_HEALTH, KIND_PROCESS, Frame, ScanResult, decode_call, scan_frames
+from .writer import IN_FLIGHT_FORMAT, IN_FLIGHT_SUFFIX, SPOOL_SUFFIX, spool_directory
+
+# Only what the recorder needs at once: the rest is imported where it is used (finalisation
+# imports this module even for a run that spooled nothing).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import threading
@@ -53,265 +28,16 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any
 
+    from ..capsule.writer import CapsulePaths
     from ..exchange import Exchange
-    from .writer import CapsulePaths
 
-__all__ = [
-    "FRAME_VERSION", "KIND_CALL", "KIND_HEALTH", "KIND_PROCESS", "Frame", "ScanResult", "SpoolCollector",
-    "SpoolWriter", "drain_spool", "encode_frame", "encode_meta", "scan_frames", "spool_directory",
-]
+__all__ = ["KEPT_SUFFIX", "SpoolCollector", "drain_spool"]
 
-MAGIC = b"LTSP"
-FRAME_VERSION = 1
-KIND_CALL, KIND_HEALTH, KIND_PROCESS = 1, 2, 3
-SPOOL_SUFFIX = ".spool"
-IN_FLIGHT_SUFFIX = ".inflight"  # replaces SPOOL_SUFFIX: the process's count of calls in flight
-_IN_FLIGHT = struct.Struct("<q")
 KEPT_SUFFIX = ".kept"  # a drained spool file that had a problem, kept for inspection and never re-read
-_HEADER = struct.Struct("<4sBBHIQQ")
-_CRC = struct.Struct("<I")
-HEADER_SIZE = _HEADER.size + _CRC.size
-TRAILER_SIZE = _CRC.size
-_MAX_META = 64 << 20
 _READ_CHUNK = 8 << 20
 _READ_LIMIT = 64 << 20  # bytes of frames a collector holds at once (more only for one bigger frame)
 _COLLECTOR_NICENESS = 10  # how much the live collector defers to the workload and its model server
 
-
-def spool_directory(capsule_root: Path) -> Path:
-    """Where the processes of a run write their spool files (in the capsule's `internal/`)."""
-    return capsule_root / "internal" / "spool"
-
-
-# --- encoding (in the workload: cheap, stdlib only until the first frame) -------------------------
-
-_dumps: Callable[[Any], bytes] | None = None
-
-
-def _json_dumps(value: Any) -> bytes:
-    import json
-
-    return json.dumps(value, separators=(",", ":"), default=str).encode("utf-8")
-
-
-def encode_meta(value: Any) -> bytes:
-    """JSON bytes of `value`: orjson when this interpreter can load it (ten times faster), else json."""
-    global _dumps
-    dumps = _dumps
-    if dumps is None:
-        try:
-            import orjson
-
-            option = orjson.OPT_NON_STR_KEYS
-
-            def dumps(value: Any) -> bytes:
-                try:
-                    return orjson.dumps(value, default=str, option=option)
-                except TypeError:  # a lone surrogate, an integer over 64 bits: json copes
-                    return _json_dumps(value)
-
-        except ImportError:  # the workload's interpreter cannot load the recorder's orjson
-            dumps = _json_dumps
-        _dumps = dumps
-    return dumps(value)
-
-
-def encode_frame(kind: int, meta: bytes, request: bytes = b"", response: bytes = b"") -> list[bytes]:
-    """The parts of one frame, to be written with a single `os.writev`."""
-    head = _HEADER.pack(MAGIC, FRAME_VERSION, kind, 0, len(meta), len(request), len(response))
-    crc = zlib.crc32(response, zlib.crc32(request, zlib.crc32(meta)))
-    return [head + _CRC.pack(zlib.crc32(head)), meta, request, response, _CRC.pack(crc)]
-
-
-class SpoolWriter:
-    """Appends frames to this process's own spool file, one `writev` each: no thread, lock or fsync.
-
-    The file is created at the first frame, so a process that never calls a model leaves none.
-    Writes raise OSError (the caller counts the loss). A short write is left as it is: the reader
-    skips the torn frame and counts it, and the next frame still lands whole after it.
-    """
-
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.directory = os.fspath(directory)
-        self._fd: int | None = None
-        self._name = _spool_name()
-        self._in_flight: Any = None  # the mapped `.inflight` file, once a call has started
-
-    @property
-    def path(self) -> str:
-        return os.path.join(self.directory, self._name)
-
-    def write(self, parts: list[bytes]) -> None:
-        fd = self._fd
-        if fd is None:
-            fd = self._open()
-        os.writev(fd, parts)
-
-    def set_in_flight(self, count: int) -> None:
-        """Record how many calls this process has in flight; the caller serialises the calls. Raises OSError."""
-        mapped = self._in_flight
-        if mapped is None:
-            mapped = self._in_flight = self._map_in_flight()
-        _IN_FLIGHT.pack_into(mapped, 0, count)
-
-    def _map_in_flight(self) -> Any:
-        import mmap
-
-        os.makedirs(self.directory, exist_ok=True)
-        path = os.path.join(self.directory, self._name[: -len(SPOOL_SUFFIX)] + IN_FLIGHT_SUFFIX)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            os.ftruncate(fd, _IN_FLIGHT.size)
-            return mmap.mmap(fd, _IN_FLIGHT.size)
-        finally:
-            os.close(fd)  # the mapping keeps the file
-
-    def _open(self) -> int:
-        # No lock: two threads racing here open the same name (O_APPEND keeps both whole), and
-        # only the one that created the file writes the process frame.
-        os.makedirs(self.directory, exist_ok=True)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            fd = os.open(self.path, flags | os.O_EXCL, 0o600)
-        except FileExistsError:
-            fd = os.open(self.path, flags, 0o600)
-        else:
-            process = {"pid": os.getpid(), "argv0": sys.argv[0] if getattr(sys, "argv", None) else None}
-            os.writev(fd, encode_frame(KIND_PROCESS, encode_meta(process)))
-        self._fd = fd
-        return fd
-
-    def after_fork(self) -> None:
-        """In a forked child: write to a file of its own from the next frame on."""
-        fd, self._fd = self._fd, None
-        self._name = _spool_name()
-        self._in_flight = None  # the parent's mapping, shared with it: the child maps a file of its own
-        if fd is not None:
-            try:
-                os.close(fd)  # the child's copy only; the parent keeps writing through its own
-            except OSError:
-                pass
-
-
-def _spool_name() -> str:
-    return f"{os.getpid()}-{os.urandom(4).hex()}{SPOOL_SUFFIX}"
-
-
-# --- reading ------------------------------------------------------------------------------------
-
-
-class Frame:
-    """One whole frame read back: its kind, decoded metadata, and the request and response bytes."""
-
-    __slots__ = ("kind", "meta", "request", "response")
-
-    def __init__(self, kind: int, meta: dict[str, Any], request: bytes, response: bytes) -> None:
-        self.kind, self.meta, self.request, self.response = kind, meta, request, response
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Frame) and all(getattr(self, name) == getattr(other, name) for name in self.__slots__)
-
-    def __repr__(self) -> str:
-        return f"Frame({self.kind}, {self.meta!r}, {len(self.request)} + {len(self.response)} bytes)"
-
-
-class ScanResult:
-    """What `scan_frames` found: whole frames in order, damaged stretches, and bytes consumed."""
-
-    __slots__ = ("consumed", "damaged", "frames")
-
-    def __init__(self, frames: list[Frame], damaged: list[int | None], consumed: int) -> None:
-        # `damaged`: the kind of each frame lost, None where even its header was unreadable
-        self.frames, self.damaged, self.consumed = frames, damaged, consumed
-
-
-def _loads(data: bytes) -> Any:
-    import orjson  # a dependency of the recorder, which is the reader
-
-    return orjson.loads(data)
-
-
-def scan_frames(data: bytes | bytearray, *, final: bool) -> ScanResult:
-    """Split spool bytes into frames; never raises.
-
-    A frame whose end is not there yet stops the scan (`consumed` ends before it), unless `final`:
-    then it is counted as damaged, like a frame whose checksum fails, and the scan goes on at the
-    next sound header.
-    """
-    frames: list[Frame] = []
-    damaged: list[int | None] = []
-    pos, size = 0, len(data)
-    while pos < size:
-        kind: int | None = None
-        if size - pos < HEADER_SIZE:
-            if not final:
-                break  # a header still being written
-        elif (header := _header_at(data, pos)) is not None:
-            kind, meta_length, request_length, response_length = header
-            end = pos + HEADER_SIZE + meta_length + request_length + response_length + TRAILER_SIZE
-            if end > size and not final:
-                break  # a frame still being written
-            if end <= size:
-                frame = _frame_at(data, pos, kind, meta_length, request_length, end)
-                if frame is not None:
-                    if isinstance(frame, Frame):
-                        frames.append(frame)
-                    else:
-                        damaged.append(kind)  # whole, but its metadata is not a JSON object
-                    pos = end
-                    continue
-        following = _next_header(data, pos + 1)
-        if following is None and not final:
-            break  # the frame after the damage may still be on its way: count it all once it is here
-        damaged.append(kind)
-        pos = size if following is None else following
-    return ScanResult(frames, damaged, pos)
-
-
-def _header_at(data: bytes | bytearray, pos: int) -> tuple[int, int, int, int] | None:
-    """(kind, meta, request, response lengths) of a sound header at `pos`, else None."""
-    if data[pos : pos + 4] != MAGIC or len(data) - pos < HEADER_SIZE:
-        return None
-    head = bytes(data[pos : pos + _HEADER.size])
-    (crc,) = _CRC.unpack_from(data, pos + _HEADER.size)
-    if zlib.crc32(head) != crc:
-        return None
-    _, version, kind, _, meta_length, request_length, response_length = _HEADER.unpack(head)
-    if version != FRAME_VERSION or meta_length > _MAX_META:
-        return None
-    return kind, meta_length, request_length, response_length
-
-
-def _next_header(data: bytes | bytearray, start: int) -> int | None:
-    """Where the next sound header starts, if anywhere."""
-    pos = data.find(MAGIC, start)
-    while pos >= 0 and _header_at(data, pos) is None:
-        pos = data.find(MAGIC, pos + 1)
-    return pos if pos >= 0 else None
-
-
-def _frame_at(
-    data: bytes | bytearray, pos: int, kind: int, meta_length: int, request_length: int, end: int
-) -> Frame | bool | None:
-    """The frame at `pos`; None if its checksum fails, False if its metadata is unreadable."""
-    meta_start = pos + HEADER_SIZE
-    request_start = meta_start + meta_length
-    response_start = request_start + request_length
-    trailer = end - TRAILER_SIZE
-    meta_bytes = bytes(data[meta_start:request_start])
-    request = bytes(data[request_start:response_start])
-    response = bytes(data[response_start:trailer])
-    (crc,) = _CRC.unpack_from(data, trailer)
-    if zlib.crc32(response, zlib.crc32(request, zlib.crc32(meta_bytes))) != crc:
-        return None
-    try:
-        meta = _loads(meta_bytes)
-    except ValueError:
-        return False
-    return Frame(kind, meta, request, response) if isinstance(meta, dict) else False
-
-
-# --- collecting (in the `llmtap run` parent) -----------------------------------------------------
 
 if TYPE_CHECKING:
     Pending = list[tuple["_SpoolFile", str, dict[str, Any]]]  # (whose, rollout id, line) in frame order
@@ -474,7 +200,7 @@ class SpoolCollector:
                 self._append(pending)
 
     def _open_new_files(self) -> None:
-        from .writer import is_real_directory
+        from ..capsule.writer import is_real_directory
 
         if not is_real_directory(self.directory):
             return  # none yet, or a link the workload put there: never read through it
@@ -503,8 +229,6 @@ class SpoolCollector:
                 spool.health.count("records_written")  # by an earlier, interrupted finalisation
                 return
             try:
-                from ..hooks.writer import decode_call
-
                 exchange, dialect = decode_call(frame)
                 capture = exchange.extra.get("capture")
                 if not isinstance(capture, dict):
@@ -557,7 +281,7 @@ class SpoolCollector:
 
     def _take_in_flight_counts(self) -> dict[str, int]:
         """Non-zero in-flight counts by `.inflight` file name; every one read is removed."""
-        from .writer import is_real_directory
+        from ..capsule.writer import is_real_directory
 
         if not is_real_directory(self.directory):
             return {}
@@ -577,8 +301,8 @@ class SpoolCollector:
         return counts
 
     def _close(self) -> None:
-        from .health import write_process_health
-        from .writer import is_real_directory
+        from ..capsule.health import write_process_health
+        from ..capsule.writer import is_real_directory
 
         if self._store is not None:
             try:
@@ -624,12 +348,12 @@ def _read_in_flight(directory: Path, name: str) -> int:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return 0
-        data = os.read(fd, _IN_FLIGHT.size)
+        data = os.read(fd, IN_FLIGHT_FORMAT.size)
     except OSError:
         return 0
     finally:
         os.close(fd)
-    return max(0, _IN_FLIGHT.unpack(data)[0]) if len(data) == _IN_FLIGHT.size else 0
+    return max(0, IN_FLIGHT_FORMAT.unpack(data)[0]) if len(data) == IN_FLIGHT_FORMAT.size else 0
 
 
 def _recorded_calls(paths: CapsulePaths) -> set[tuple[str, int]]:
