@@ -34,6 +34,7 @@ _COMMANDS = {
     "run": "run:run",
     "runs": "runs:runs",
     "serve": "serve:serve",
+    "validate": "validate:validate",
     "verify": "evidence:verify",
 }
 _main: click.Group | None = None
