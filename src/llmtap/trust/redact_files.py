@@ -98,19 +98,31 @@ def redact_file_bytes(data: bytes, kind: str, proof: ProofBuilder, name: str) ->
 
 
 def _redact_lines(data: bytes, proof: ProofBuilder, name: str, *, json_lines: bool) -> bytes:
-    """Redact line by line; a torn last segment (no newline) is redacted as text and stays unterminated."""
+    """Redact line by line; a torn last segment (no newline) is redacted as text and stays unterminated.
+
+    A text file (not JSON lines) is scanned whole, so a secret that spans lines (a PEM block in a
+    log) is found; each finding still names its line and its offset within that line.
+    """
+    if not json_lines:
+        return _redact_text_file(data, proof, name)
     out: list[bytes] = []
     changed = False
     for number, segment in enumerate(data.split(b"\n"), start=1):
-        if json_lines:
-            new = redact_record_line(segment, proof.sink(name, number))
-        else:
-            text = segment.decode("utf-8", "surrogateescape")
-            redacted = redact_text(text, proof.sink(name, number))
-            new = segment if redacted == text else redacted.encode("utf-8", "surrogateescape")
+        new = redact_record_line(segment, proof.sink(name, number))
         changed = changed or new is not segment
         out.append(new)
     return b"\n".join(out) if changed else data
+
+
+def _redact_text_file(data: bytes, proof: ProofBuilder, name: str) -> bytes:
+    text = data.decode("utf-8", "surrogateescape")
+
+    def sink(rule_id: str, secret: str, where: list[str], offset: int, length: int) -> None:
+        line_start = data.rfind(b"\n", 0, offset) + 1  # offsets are UTF-8 bytes, as `data` is
+        proof.sink(name, data.count(b"\n", 0, offset) + 1)(rule_id, secret, where, offset - line_start, length)
+
+    redacted = redact_text(text, sink)
+    return data if redacted == text else redacted.encode("utf-8", "surrogateescape")
 
 
 def _kind(name: str) -> str:
