@@ -82,7 +82,9 @@ def _tree(directory: Path) -> dict[str, Any]:
     return found
 
 
-def _run(tmp_path: Path, replay_base: str, outside: Path, kind: str, targets: list[str]) -> tuple[Path, subprocess.CompletedProcess[str]]:
+def _run(
+    tmp_path: Path, replay_base: str, outside: Path, kind: str, targets: list[str]
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
     script = tmp_path / "workload.py"
     script.write_text(WORKLOAD)
     env = dict(
@@ -117,7 +119,11 @@ def _assert_marked(capsule: Path, done: subprocess.CompletedProcess[str], expect
     assert any("capture_tampered" in problem for problem in report.problems)
     assert any("stream_tampered" in problem for problem in report.problems)
     cli = subprocess.run(
-        [sys.executable, "-m", "llmtap", "validate", str(capsule)], capture_output=True, text=True, check=False, timeout=120
+        [sys.executable, "-m", "llmtap", "validate", str(capsule)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
     )
     assert cli.returncode == 1 and "capture_tampered" in cli.stdout
 

@@ -59,13 +59,18 @@ def test_a_changed_byte_fails_the_proof_digest(capsule: Path) -> None:
     result = CliRunner().invoke(main, ["validate", str(capsule)])
     assert result.exit_code == 1
     lines = result.output.splitlines()
-    assert f"{capsule}: model-calls.jsonl: its sha256 differs from the one in redaction-proof.json (changed after redaction)" in lines
+    assert (
+        f"{capsule}: model-calls.jsonl: its sha256 differs from the one in redaction-proof.json (changed after redaction)"
+        in lines
+    )
     assert lines[-1] == "invalid: 1 problem(s)"
 
 
 def test_a_file_added_after_redaction_is_not_covered(capsule: Path) -> None:
     (capsule / "tool-calls.jsonl").write_text('{"tool": "x"}\n')
-    assert validate_path(capsule).problems == ["tool-calls.jsonl: not covered by redaction-proof.json (added after redaction)"]
+    assert validate_path(capsule).problems == [
+        "tool-calls.jsonl: not covered by redaction-proof.json (added after redaction)"
+    ]
 
 
 def test_a_missing_or_damaged_proof_fails(capsule: Path) -> None:
@@ -150,7 +155,10 @@ def test_a_capture_directory_redacted_by_llmtap_redact_is_valid(tmp_path: Path, 
     (captures / "r-1.capture.jsonl").write_bytes(json.dumps(line).encode() + b"\n")
     report = validate_path(captures)
     assert report.kind == "capture-dir"
-    assert "r-1.capture.jsonl: a re-scan finds 1 live secret(s) (openai-project-key); run `llmtap redact`" in report.problems
+    assert (
+        "r-1.capture.jsonl: a re-scan finds 1 live secret(s) (openai-project-key); run `llmtap redact`"
+        in report.problems
+    )
     redact_capture_dir(captures)
     assert validate_path(captures).problems == []
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from ..errors import LlmtapError
 from .envlock import env_lock, parse_interpreter_lines
@@ -251,8 +252,8 @@ def _redact(
     runs again, what it finds is recorded as tampering, and redaction is tried once more. If that
     fails too the capsule keeps no proof (`validate` says so) and the manifest is still redacted.
     """
-    from ..trust.redact_files import redact_capsule, redact_file_bytes
     from ..trust.proof import ProofBuilder
+    from ..trust.redact_files import redact_capsule, redact_file_bytes
 
     for attempt in range(2):
         if tampered:

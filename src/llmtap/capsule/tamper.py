@@ -58,7 +58,7 @@ def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
 def _remove(dir_fd: int, name: str, info: os.stat_result) -> None:
     """Remove one entry as a name; a folder in place of a file goes with everything in it, links unfollowed."""
     if stat.S_ISDIR(info.st_mode):
-        if shutil.rmtree.avoids_symlink_attacks:  # type: ignore[attr-defined]
+        if shutil.rmtree.avoids_symlink_attacks:
             shutil.rmtree(name, dir_fd=dir_fd)
         return  # without fd-based removal a folder is left where it is, never walked by name
     os.unlink(name, dir_fd=dir_fd)
@@ -145,7 +145,9 @@ class _Sweep:
             for name in sorted(os.listdir(fd)):
                 info = _lstat(fd, name)
                 if info is not None and not stat.S_ISDIR(info.st_mode):
-                    self._check_entry(fd, name, f"{relative}/{name}", recreate=relative == "calls" and name.endswith(_DATA_SUFFIX))
+                    self._check_entry(
+                        fd, name, f"{relative}/{name}", recreate=relative == "calls" and name.endswith(_DATA_SUFFIX)
+                    )
         finally:
             os.close(fd)
 

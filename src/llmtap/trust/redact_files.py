@@ -27,7 +27,14 @@ from llmtap.store.rollout_files import DESCRIPTORS
 from .proof import PROOF_NAME, ProofBuilder
 from .redaction import RedactionError, redact_json_text, redact_record_line, redact_text
 
-__all__ = ["CAPSULE_FILES", "MAX_FILE_BYTES", "RedactionSummary", "redact_capsule", "redact_capture_dir", "redact_file_bytes"]
+__all__ = [
+    "CAPSULE_FILES",
+    "MAX_FILE_BYTES",
+    "RedactionSummary",
+    "redact_capsule",
+    "redact_capture_dir",
+    "redact_file_bytes",
+]
 
 MAX_FILE_BYTES = 4 << 30  # a larger file is refused rather than read into memory
 

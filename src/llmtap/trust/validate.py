@@ -91,9 +91,9 @@ def validation_problems(path: Path) -> list[str]:
 def validate_path(path: str | Path) -> ValidationReport:
     """Check a run capsule or a capture directory; never raises for what it finds.
 
-        report = validate_path(".llmtap/runs/01J...")
-        for problem in report.problems:
-            print(problem)
+    report = validate_path(".llmtap/runs/01J...")
+    for problem in report.problems:
+        print(problem)
     """
     root = Path(path)
     report = ValidationReport(root, "unknown")
@@ -108,7 +108,9 @@ def validate_path(path: str | Path) -> ValidationReport:
             elif any(name.endswith(_ROLLOUT_SUFFIXES) and "/" not in name for name in names):
                 report.kind = "capture-dir"
             else:
-                report.problems.append("holds neither capsule.json nor any *.capture.jsonl: not a capsule or capture directory")
+                report.problems.append(
+                    "holds neither capsule.json nor any *.capture.jsonl: not a capsule or capture directory"
+                )
                 return report
             seen = _Seen()
             for file in files:
@@ -161,7 +163,9 @@ def _file_problems(reader: CapsuleReader, file: CapsuleFile, kind: str, seen: _S
         redact_file_bytes(data, scan_kind, proof, name)
         if proof.findings:
             rules = sorted({finding["rule_id"] for finding in proof.findings})
-            problems.append(f"{name}: a re-scan finds {len(proof.findings)} live secret(s) ({', '.join(rules)}); run `llmtap redact`")
+            problems.append(
+                f"{name}: a re-scan finds {len(proof.findings)} live secret(s) ({', '.join(rules)}); run `llmtap redact`"
+            )
     return problems
 
 
@@ -202,7 +206,9 @@ def _jsonl_problems(name: str, data: bytes, kind: str, seen: _Seen) -> list[str]
     if bad:
         problems.append(f"{name}: {len(bad)} line(s) do not parse as records (first: line {bad[0]})")
     if versions:
-        problems.append(f"{name}: {len(versions)} line(s) carry a schema version this llmtap does not read (first: line {versions[0]})")
+        problems.append(
+            f"{name}: {len(versions)} line(s) carry a schema version this llmtap does not read (first: line {versions[0]})"
+        )
     if rollout and name.endswith(DATA_SUFFIX):
         seen.records[name] = records
     if name == MODEL_CALLS_NAME:
@@ -261,13 +267,17 @@ def _manifest_problems(manifest: dict[str, Any], health: Any, seen: _Seen) -> li
         problems.append(f"{MANIFEST_NAME}: capture_tampered: the workload replaced {paths}")
     if isinstance(health, dict) and health.get("tampered_entries"):
         problems.append(f"{HEALTH_NAME}: tampered_entries is not empty")
-    counts = manifest.get("counts") if isinstance(manifest.get("counts"), dict) else {}
-    rollouts = manifest.get("rollouts") if isinstance(manifest.get("rollouts"), dict) else {}
+    counts: dict[str, Any] = manifest["counts"] if isinstance(manifest.get("counts"), dict) else {}
+    rollouts: dict[str, Any] = manifest["rollouts"] if isinstance(manifest.get("rollouts"), dict) else {}
     on_disk = sum(seen.records.values())
     if counts.get("model_calls") != on_disk:
-        problems.append(f"{MANIFEST_NAME}: counts.model_calls is {counts.get('model_calls')!r}, the capture files hold {on_disk}")
+        problems.append(
+            f"{MANIFEST_NAME}: counts.model_calls is {counts.get('model_calls')!r}, the capture files hold {on_disk}"
+        )
     if seen.model_call_lines is not None and seen.model_call_lines != on_disk:
-        problems.append(f"{MODEL_CALLS_NAME}: holds {seen.model_call_lines} line(s), the capture files hold {on_disk} record(s)")
+        problems.append(
+            f"{MODEL_CALLS_NAME}: holds {seen.model_call_lines} line(s), the capture files hold {on_disk} record(s)"
+        )
     if counts.get("rollouts") != len(rollouts):
         problems.append(f"{MANIFEST_NAME}: counts.rollouts is {counts.get('rollouts')!r}, it lists {len(rollouts)}")
     for rollout_id, entry in sorted(rollouts.items()):
