@@ -47,7 +47,12 @@ def build_template(directory: Path, calls: int) -> tuple[CapsulePaths, dict[str,
     templates = [capture_line(recorded) for recorded in all_fixtures() if recorded.status == 200]
     paths = create_capsule(directory, run_id="01JTEMPLATE0000000000000000")
     manifest = start_manifest(
-        paths, capture_mode="run", command=["python", "agent.py"], cwd=str(directory), started_at=time.time(), registry_source=None
+        paths,
+        capture_mode="run",
+        command=["python", "agent.py"],
+        cwd=str(directory),
+        started_at=time.time(),
+        registry_source=None,
     )
     lines = []
     for number in range(calls):
@@ -87,7 +92,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="finalisations per variant (median kept)")
     args = parser.parse_args()
     print(f"python {platform.python_version()} on {platform.machine()}; median of {args.repeat}, variants interleaved")
-    print(f"{'calls':>6} {'MB':>6} {'baseline ms/call':>17} {'full ms/call':>13} {'ratio':>6} {'redaction ms/call':>18}")
+    print(
+        f"{'calls':>6} {'MB':>6} {'baseline ms/call':>17} {'full ms/call':>13} {'ratio':>6} {'redaction ms/call':>18}"
+    )
     full_redact = finalise._redact
     for calls in args.calls:
         with tempfile.TemporaryDirectory() as scratch_name:
@@ -98,7 +105,9 @@ def main() -> None:
             for number in range(args.repeat):
                 for variant in ("baseline", "full"):
                     finalise._redact = without_redaction if variant == "baseline" else full_redact  # type: ignore[assignment]
-                    timings[variant].append(finalise_copy(template, manifest, scratch, number * 2 + (variant == "full")))
+                    timings[variant].append(
+                        finalise_copy(template, manifest, scratch, number * 2 + (variant == "full"))
+                    )
             finalise._redact = full_redact
             base = statistics.median(timings["baseline"]) * 1000 / calls
             full = statistics.median(timings["full"]) * 1000 / calls
