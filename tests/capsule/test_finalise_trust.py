@@ -212,3 +212,23 @@ def test_in_process_capture_redacts_its_capsule(tmp_path: Path, replay_upstream:
     proof = json.loads((capsule / "redaction-proof.json").read_bytes())
     assert {finding["file"].split("/")[0] for finding in proof["findings"]} >= {"calls", "model-calls.jsonl"}
     assert validate_path(capsule).problems == []
+
+
+def test_redaction_that_keeps_failing_leaves_no_proof_and_says_why_without_raising(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llmtap.trust import redact_files
+    from llmtap.trust.redaction import RedactionError
+
+    paths, manifest = _capsule(tmp_path, ["python", "agent.py", "--key", KEY])
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise RedactionError("Refusing to redact 'x': it is not a regular file; remove or replace it and run again.")
+
+    monkeypatch.setattr(redact_files, "redact_capsule", refuse)
+    final = _finalise(paths, manifest)
+    assert final["status"] == "success" and "capture_tampered" not in final  # nothing was swapped
+    assert final["redaction_error"].startswith("Refusing to redact 'x'")
+    assert not (paths.root / "redaction-proof.json").exists()
+    assert KEY.encode() not in paths.manifest.read_bytes()  # the manifest itself is still redacted
+    assert "redaction-proof.json: missing" in " ".join(validate_path(paths.root).problems)

@@ -250,27 +250,33 @@ def _redact(
     Redaction refuses a file that is no longer a regular file with one name, which only a workload
     process still running (one that outlived the linger) can cause after the sweep: then the sweep
     runs again, what it finds is recorded as tampering, and redaction is tried once more. If that
-    fails too the capsule keeps no proof (`validate` says so) and the manifest is still redacted.
+    fails too the capsule keeps no proof (`validate` says so), the manifest says why
+    (`redaction_error`, paths only) and is still redacted itself.
     """
     from ..trust.proof import ProofBuilder
     from ..trust.redact_files import redact_capsule, redact_file_bytes
 
-    for attempt in range(2):
+    error = None
+    for _ in range(2):
         if tampered:
             manifest["capture_tampered"] = tampered
         content = manifest_bytes(manifest)
         try:
             summary = redact_capsule(paths.root, manifest=content, tampered_entries=tampered, sync=False)
         except (LlmtapError, OSError) as exc:
+            error = _error_text(exc)
             again = sweep_managed_entries(paths)
-            tampered.extend(again or [{"path": ".", "kind": "unredactable", "error": _error_text(exc)}])
-            write_json_atomic(paths.capture_health, health(), sync=False)
+            if again:  # swapped after the first sweep: tampering; anything else (a full disk) is not
+                tampered.extend(again)
+                write_json_atomic(paths.capture_health, health(), sync=False)
             continue
         assert summary.manifest is not None
         return summary.manifest
+    if tampered:
+        manifest["capture_tampered"] = tampered
     manifest["files"].pop("redaction_proof", None)
-    content = manifest_bytes(manifest)
-    return redact_file_bytes(content, "json", ProofBuilder(), "capsule.json")
+    manifest["redaction_error"] = error
+    return redact_file_bytes(manifest_bytes(manifest), "json", ProofBuilder(), "capsule.json")
 
 
 def _error_text(exc: BaseException) -> str:
