@@ -253,7 +253,22 @@ def test_the_cli_refuses_a_bad_capsule_with_one_line_per_problem(
     assert result.exit_code == 1 and not bundle.exists()
     assert f"{capsule}: capture-health.json: is not valid JSON" in result.output
     assert f"{capsule}: model-calls.jsonl: 1 line(s) are not valid JSON (first: line 1)" in result.output
-    assert "Error: The capsule was not exported: 2 problem(s) above." in result.output
+    # and `llmtap validate`'s own lines: both files differ from the redaction proof
+    assert f"{capsule}: capture-health.json: its sha256 differs from the one in redaction-proof.json" in result.output
+    assert f"{capsule}: model-calls.jsonl: its sha256 differs from the one in redaction-proof.json" in result.output
+    problems = [line for line in result.output.splitlines() if line.startswith(f"{capsule}: ")]
+    assert f"Error: The capsule was not exported: {len(problems)} problem(s) above." in result.output
+
+
+def test_the_cli_refuses_a_capsule_that_fails_validate(capsule: Path, key_pair: KeyPair, tmp_path: Path) -> None:
+    (capsule / "redaction-proof.json").unlink()  # every check of the export itself still passes
+    assert capsule_export_problems(capsule) == []
+    bundle = tmp_path / "bundle.zip"
+    result = CliRunner().invoke(
+        main, ["export-evidence", str(capsule), "-o", str(bundle), "--key", str(key_pair.private_path)]
+    )
+    assert result.exit_code == 1 and not bundle.exists()
+    assert f"{capsule}: redaction-proof.json: missing" in result.output
 
 
 def test_a_capsule_file_changed_after_the_checks_is_not_exported(

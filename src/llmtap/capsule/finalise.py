@@ -1,33 +1,29 @@
 """Finalising a capsule once its capture has ended, on success, failure or interruption alike.
 
-Order matters: first every path finalisation manages is checked without being opened (a
-symbolic link, FIFO or other special file the workload put there is removed, never followed,
-and reported); then the calls are read through the store's tolerant reader and projected into
-`model-calls.jsonl`; the processes' health counts are summed into `capture-health.json`;
-`env.lock` is written; and the manifest is replaced last, so `status` flips from `running` only
-once everything else is on disk.
+Order matters: first every path finalisation manages is checked without being opened (a link,
+FIFO, socket, device, hard link or swapped folder the workload put there is removed, never
+followed, and reported: `tamper`); then the calls are read through the store's tolerant reader
+and projected into `model-calls.jsonl`; the processes' health counts are summed into
+`capture-health.json`; `env.lock` is written; every file is redacted and `redaction-proof.json`
+written (the manifest about to be written is redacted in memory and hashed into the proof); and
+the manifest is replaced last, so `status` flips from `running` only once everything else is on
+disk.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import stat
 import time
-from typing import Any, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from ..errors import LlmtapError
 from .envlock import env_lock, parse_interpreter_lines
 from .health import sum_process_health
-from .manifest import iso_time
-from .writer import (
-    CapsulePaths,
-    directory_identity,
-    read_regular_file,
-    write_file_atomic,
-    write_json_atomic,
-    write_json_last,
-)
+from .manifest import iso_time, manifest_bytes, write_manifest_last
+from .tamper import sweep_managed_entries
+from .writer import CapsulePaths, directory_identity, read_regular_file, write_file_atomic, write_json_atomic
 
 __all__ = ["CaptureOutcome", "finalise_capsule"]
 
@@ -71,68 +67,6 @@ class CaptureOutcome:
         self.duration_ms = duration_ms
 
 
-def _entry_kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    return "special"
-
-
-def _remove_special_entries(paths: CapsulePaths) -> list[dict[str, str]]:
-    """Remove links and special files at managed paths (never following them); report each.
-
-    Only the entry itself goes, and only inside the capsule: each managed directory is checked
-    with lstat, and one that is a link (or anything but a directory) is removed as an entry and
-    made again empty, never listed through; a real one is opened with O_NOFOLLOW and its
-    entries are looked at and removed relative to that descriptor, so a directory swapped in
-    meanwhile is never touched.
-    """
-    removed: list[dict[str, str]] = []
-    root = str(paths.root)
-
-    def report(path: str, mode: int) -> None:
-        removed.append({"path": os.path.relpath(path, root), "kind": _entry_kind(mode)})
-
-    for path in map(str, paths.managed_files()):
-        try:
-            mode = os.lstat(path).st_mode
-        except OSError:
-            continue
-        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-            os.unlink(path)
-            report(path, mode)
-    for directory in map(str, paths.managed_directories()):
-        try:
-            mode = os.lstat(directory).st_mode
-        except OSError:
-            continue
-        if not stat.S_ISDIR(mode):
-            os.unlink(directory)  # the link itself, never what it points to
-            report(directory, mode)
-            if directory in (str(paths.calls), str(paths.process_health)):
-                os.mkdir(directory)  # where the spool's records and counts still have to go
-            continue
-        try:
-            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            for name in os.listdir(fd):
-                try:
-                    mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
-                except OSError:
-                    continue
-                if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-                    os.unlink(name, dir_fd=fd)
-                    report(os.path.join(directory, name), mode)
-        finally:
-            os.close(fd)
-    return removed
-
-
 def _has_calls(paths: CapsulePaths) -> bool:
     try:
         return any(name.endswith((".capture.jsonl", ".capture.incomplete")) for name in os.listdir(paths.calls))
@@ -144,6 +78,7 @@ def _project_calls(paths: CapsulePaths) -> tuple[list[bytes], dict[str, Any]]:
     """Read every rollout's calls; return the model-calls lines and the store's view of the calls."""
     from ..records import ModelCallRecord, aggregate_metrics
     from ..store import CaptureStore
+    from ..store.readers import read_rollout_calls_with_lines
     from .genai import genai_record
 
     lines: list[bytes] = []
@@ -151,28 +86,21 @@ def _project_calls(paths: CapsulePaths) -> tuple[list[bytes], dict[str, Any]]:
     all_records: list[ModelCallRecord] = []
     with CaptureStore(paths.calls, create=False, refuse_links=True) as store:
         for rollout_id in store.rollouts():
-            result = store.read(rollout_id)
-            records = []
-            for call_index, line in result.entries:
-                try:
-                    record = ModelCallRecord.from_raw_line(line, call_index)
-                except ValueError:
-                    summary["unreadable_lines"] += 1
-                    continue
-                records.append(record)
+            result, raw_lines = read_rollout_calls_with_lines(store, rollout_id)
+            for line, record in zip(raw_lines, result.records):
                 lines.append(json.dumps(genai_record(line, record, rollout_id=rollout_id), default=str).encode() + b"\n")
-            summary["unreadable_lines"] += result.invalid_count
+            summary["unreadable_lines"] += len(result.unreadable_lines)
             summary["torn_tails"] += int(result.torn_tail)
             summary["late_writes"] += result.late_writes
             if result.incomplete:
                 summary["incomplete"].append(rollout_id)
-            metrics = aggregate_metrics(records)
+            metrics = aggregate_metrics(result.records)
             summary["rollouts"][rollout_id] = {
-                "calls": len(records),
+                "calls": len(result.records),
                 "file": f"calls/{rollout_id}.capture.jsonl",
                 "errors": metrics["num_errors"],
             }
-            all_records.extend(records)
+            all_records.extend(result.records)
     summary["metrics"] = aggregate_metrics(all_records)
     return lines, summary
 
@@ -246,6 +174,7 @@ def finalise_capsule(
     (or, given `root_identity`, no longer the directory that was created): finalising through a
     link would write and delete in some other directory.
     """
+    from ..trust.proof import PROOF_NAME
     from .manifest import CapsuleError
 
     identity = directory_identity(paths.root)
@@ -254,7 +183,7 @@ def finalise_capsule(
             f"The capsule directory '{paths.root}' was replaced (by a link or another directory) while the run went on; "
             "it was not finalised, so nothing outside it is touched: look for the original capsule directory."
         )
-    tampered = _remove_special_entries(paths)
+    tampered: list[dict[str, str]] = sweep_managed_entries(paths)
     from ..spool.collector import drain_spool
 
     drain_spool(paths)  # the records of the calls the workload's processes spooled (llmtap run)
@@ -267,7 +196,8 @@ def finalise_capsule(
     else:
         model_lines, calls = [], {"rollouts": {}, "metrics": None}
     write_file_atomic(paths.model_calls, b"".join(model_lines), sync=False)
-    health = _health_document(paths, calls, tampered, [dict(entry) for entry in uncaptured])
+    uncaptured_list = [dict(entry) for entry in uncaptured]
+    health = _health_document(paths, calls, tampered, uncaptured_list)
     write_json_atomic(paths.capture_health, health, sync=False)
     if interpreter is None:
         interpreter = _read_interpreter(paths)
@@ -300,12 +230,54 @@ def finalise_capsule(
                 "model_calls": paths.model_calls.name,
                 "env_lock": paths.env_lock.name,
                 "capture_health": paths.capture_health.name,
+                "redaction_proof": PROOF_NAME,
                 **({"stdout": "outputs/stdout.txt", "stderr": "outputs/stderr.txt"} if paths.outputs.is_dir() else {}),
             },
         }
     )
+    content = _redact(paths, manifest, tampered, lambda: _health_document(paths, calls, tampered, uncaptured_list))
+    written = [paths.model_calls, paths.capture_health, paths.env_lock, paths.root / PROOF_NAME, paths.stdout, paths.stderr]
+    write_manifest_last(paths, content, after=written)
+    final: dict[str, Any] = json.loads(content)  # as on disk: redacted
+    return final
+
+
+def _redact(
+    paths: CapsulePaths, manifest: dict[str, Any], tampered: list[dict[str, str]], health: Callable[[], dict[str, Any]]
+) -> bytes:
+    """Redact every capsule file and write the proof; return the redacted manifest bytes to write last.
+
+    Redaction refuses a file that is no longer a regular file with one name, which only a workload
+    process still running (one that outlived the linger) can cause after the sweep: then the sweep
+    runs again, what it finds is recorded as tampering, and redaction is tried once more. If that
+    fails too the capsule keeps no proof (`validate` says so), the manifest says why
+    (`redaction_error`, paths only) and is still redacted itself.
+    """
+    from ..trust.proof import ProofBuilder
+    from ..trust.redact_files import redact_capsule, redact_file_bytes
+
+    error = None
+    for _ in range(2):
+        if tampered:
+            manifest["capture_tampered"] = tampered
+        content = manifest_bytes(manifest)
+        try:
+            summary = redact_capsule(paths.root, manifest=content, tampered_entries=tampered, sync=False)
+        except (LlmtapError, OSError) as exc:
+            error = _error_text(exc)
+            again = sweep_managed_entries(paths)
+            if again:  # swapped after the first sweep: tampering; anything else (a full disk) is not
+                tampered.extend(again)
+                write_json_atomic(paths.capture_health, health(), sync=False)
+            continue
+        assert summary.manifest is not None
+        return summary.manifest
     if tampered:
         manifest["capture_tampered"] = tampered
-    # The other files durable first, then the manifest that says the run is done: one pass of syncs.
-    write_json_last(paths.manifest, manifest, after=[paths.model_calls, paths.capture_health, paths.env_lock])
-    return manifest
+    manifest["files"].pop("redaction_proof", None)
+    manifest["redaction_error"] = error
+    return redact_file_bytes(manifest_bytes(manifest), "json", ProofBuilder(), "capsule.json")
+
+
+def _error_text(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, LlmtapError) else f"{type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}"

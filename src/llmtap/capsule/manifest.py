@@ -16,11 +16,11 @@ from .. import __version__
 from ..errors import LlmtapError
 from .semconv import SEMCONV_NAME, SEMCONV_VERSION
 from .ulid import is_ulid
-from .writer import CapsulePaths, read_regular_file, write_json_atomic
+from .writer import CapsulePaths, read_regular_file, sync_files, write_file_atomic, write_json_atomic
 
 TYPE_CHECKING = False  # `typing` is not imported at run time (`llmtap run` loads this while its command runs)
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
 __all__ = [
@@ -30,8 +30,10 @@ __all__ = [
     "find_capsule",
     "iso_time",
     "list_capsules",
+    "manifest_bytes",
     "read_manifest",
     "start_manifest",
+    "write_manifest_last",
 ]
 
 MANIFEST_SCHEMA_VERSION = 1
@@ -88,6 +90,23 @@ def start_manifest(
     }
     write_json_atomic(paths.manifest, manifest, sync=False)  # finalisation writes the durable one
     return manifest
+
+
+def manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
+    """The manifest as written: indented JSON and a newline (what redaction scans and the proof hashes)."""
+    return (json.dumps(manifest, indent=2, default=str) + "\n").encode("utf-8")
+
+
+def write_manifest_last(paths: CapsulePaths, content: bytes, *, after: Sequence[Path]) -> None:
+    """Replace capsule.json with `content` once the files in `after` are durable: the capsule's commit point.
+
+    Its status must never say the run is done before the files it names are on disk, so they are
+    synced first, then the manifest is written to a temp file, synced, renamed into place, and the
+    capsule folder synced so the rename survives a crash.
+    """
+    sync_files(list(after))
+    write_file_atomic(paths.manifest, content, sync=True)
+    sync_files([paths.manifest])
 
 
 def read_manifest(capsule: Path) -> dict[str, Any]:

@@ -434,5 +434,18 @@ def run_captured(
         for fd in (keep_stdout, keep_stderr, runner_lock):
             if fd >= 0:
                 os.close(fd)
+    tampered = final.get("capture_tampered")
+    if tampered:
+        sys.stderr.write(_integrity_line(tampered) + "\n")
     assert outcome.exit_code is not None
     return RunResult(outcome.exit_code, outcome.status, paths.root, final)
+
+
+def _integrity_line(tampered: list[dict[str, Any]]) -> str:
+    """The one `capture integrity` line naming what the workload replaced (paths inside the capsule only)."""
+    names = ", ".join(f"{entry.get('path')} ({entry.get('kind')})" for entry in tampered[:5])
+    more = f" and {len(tampered) - 5} more" if len(tampered) > 5 else ""
+    return (
+        f"llmtap: capture integrity: the workload replaced {len(tampered)} path(s) llmtap manages: {names}{more}; "
+        "they were removed without being followed and the capsule is marked tampered (see capture-health.json)."
+    )

@@ -35,6 +35,7 @@ _COMMANDS = {
     "run": "run:run",
     "runs": "runs:runs",
     "serve": "serve:serve",
+    "validate": "validate:validate",
     "verify": "evidence:verify",
     "view": "view:view",
 }

@@ -38,17 +38,18 @@ __all__ = ["export_evidence", "verify"]
 def export_evidence(capsule_ref: str, bundle: Path, key_path: Path, capsule_dir: Path | None) -> None:
     """Export a finished capsule (a path, run id, id prefix or `latest`) as a signed evidence bundle.
 
-    A capsule that fails its checks is refused, with one line per problem.
+    A capsule that fails its checks or `llmtap validate` is refused, with one line per problem.
     """
     from ..capsule.manifest import find_capsule
     from ..capsule.writer import default_runs_dir
     from ..trust.evidence import CapsuleRefusedError
     from ..trust.evidence import export_evidence as export
     from ..trust.keys import load_private_key
+    from ..trust.validate import validation_problems
 
     try:
         capsule = find_capsule(capsule_dir if capsule_dir is not None else default_runs_dir(), capsule_ref)
-        result = export(capsule, bundle, load_private_key(key_path))
+        result = export(capsule, bundle, load_private_key(key_path), extra_validator=validation_problems)
     except CapsuleRefusedError as exc:
         for problem in exc.problems:
             click.echo(f"{exc.capsule}: {problem}", err=True)

@@ -12,7 +12,13 @@ from ..errors import CaptureRecordError
 from ..records import ModelCallRecord, aggregate_metrics
 from . import CaptureStore
 
-__all__ = ["RolloutCalls", "aggregate_model_call_metrics", "read_model_call_records", "read_rollout_calls"]
+__all__ = [
+    "RolloutCalls",
+    "aggregate_model_call_metrics",
+    "read_model_call_records",
+    "read_rollout_calls",
+    "read_rollout_calls_with_lines",
+]
 
 
 @dataclass(frozen=True)
@@ -85,3 +91,33 @@ def aggregate_model_call_metrics(
             raise TypeError("aggregate_model_call_metrics(store, rollout_id) needs the rollout id.")
         return aggregate_metrics(read_rollout_calls(source, rollout_id).records)
     return aggregate_metrics(source)
+
+
+def read_rollout_calls_with_lines(store: CaptureStore, rollout_id: str) -> tuple[RolloutCalls, list[dict[str, Any]]]:
+    """Read a rollout tolerantly, as `read_rollout_calls`, plus each record's raw line (same order).
+
+    For consumers that project a call from both its stored line and its normalized record
+    (a capsule's `model-calls.jsonl`).
+    """
+    result = store.read(rollout_id)
+    records: list[ModelCallRecord] = []
+    lines: list[dict[str, Any]] = []
+    unreadable = list(result.invalid_lines)
+    for call_index, line in result.entries:
+        try:
+            records.append(ModelCallRecord.from_raw_line(line, call_index))
+        except ValueError:
+            unreadable.append(call_index)
+            continue
+        lines.append(line)
+    calls = RolloutCalls(
+        rollout_id=result.rollout_id,
+        exists=result.exists,
+        records=records,
+        unreadable_lines=sorted(unreadable),
+        incomplete=result.incomplete,
+        late_writes=result.late_writes,
+        torn_tail=result.torn_tail,
+        capture_failures=result.capture_failures,
+    )
+    return calls, lines

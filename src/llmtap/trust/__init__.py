@@ -4,6 +4,7 @@ scan_text(text)            the credentials in a text (`secrets`, rule pack in `r
 redact_record_line(line)   one JSONL record, redacted in place, still valid (`redaction`)
 redact_capture_dir(path)   every rollout file of a capture directory, plus its proof (`redact_files`)
 redact_capsule(path)       every file of a run capsule, plus its proof
+validate_path(path)        `llmtap validate`: proof digests, a re-scan, tampering, counts (`validate`)
 keys, evidence, verify     ed25519 keys, signed evidence bundles, offline verification
 
 The names below load on first use: `llmtap verify` never loads the scanner, nor redaction the
@@ -36,6 +37,9 @@ _EXPORTS = {
     "Finding": "secrets",
     "scan_text": "secrets",
     "scan_value": "secrets",
+    "ValidationReport": "validate",
+    "validate_path": "validate",
+    "validation_problems": "validate",
 }
 
 __all__ = sorted(_EXPORTS)

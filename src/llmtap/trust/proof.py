@@ -4,7 +4,8 @@ Each finding names its file, line, location (JSON pointers, stream event numbers
 length and rule, and `hmac_sha256(salt, secret)`. The salt is random per proof and never kept,
 only its SHA-256: two findings of one proof with the same HMAC are the same secret, but nobody
 holding the proof can confirm a guessed key against it. Each file's SHA-256 after redaction lets
-`validate` recompute and compare.
+`validate` recompute and compare. `stream_tampered` says whether capsule finalisation found a
+managed file or folder replaced by the workload (`tampered_entries` lists them).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class ProofBuilder:
         self.findings: list[dict[str, Any]] = []
         self.files: dict[str, dict[str, Any]] = {}
         self.notes: list[dict[str, Any]] = []
+        self.tampered_entries: list[dict[str, Any]] = []  # what capsule finalisation found tampered with
 
     def sink(self, file: str, line: int | None = None) -> FindingSink:
         """Return the sink that records findings of `file` (at 1-based `line`, for line files)."""
@@ -84,7 +86,10 @@ class ProofBuilder:
             "findings_by_rule": dict(sorted(by_rule.items())),
             "findings": self.findings,
             "files": dict(sorted(self.files.items())),
+            "stream_tampered": bool(self.tampered_entries),
         }
+        if self.tampered_entries:
+            proof["tampered_entries"] = self.tampered_entries
         if previous_proof_sha256 is not None:
             proof["previous_proof_sha256"] = previous_proof_sha256
         if self.notes:

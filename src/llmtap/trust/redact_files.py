@@ -13,7 +13,7 @@ import fcntl
 import hashlib
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +28,30 @@ from llmtap.store.rollout_files import DESCRIPTORS
 from .proof import PROOF_NAME, ProofBuilder
 from .redaction import RedactionError, redact_json_text, redact_record_line, redact_text
 
-__all__ = ["MAX_FILE_BYTES", "RedactionSummary", "redact_capsule", "redact_capture_dir", "redact_file_bytes"]
+__all__ = [
+    "CAPSULE_FILES",
+    "MAX_FILE_BYTES",
+    "RedactionSummary",
+    "redact_capsule",
+    "redact_capture_dir",
+    "redact_file_bytes",
+]
 
 MAX_FILE_BYTES = 4 << 30  # a larger file is refused rather than read into memory
 
-_JSON_DOCUMENTS = ("capsule.json", "env.lock", "capture-health.json")
-_CAPSULE_FILES = ("model-calls.jsonl", "tool-calls.jsonl", "outputs/stdout.txt", "outputs/stderr.txt", *_JSON_DOCUMENTS)
+MANIFEST_NAME = "capsule.json"
+_JSON_DOCUMENTS = (MANIFEST_NAME, "env.lock", "capture-health.json", "url_registry.json")
+CAPSULE_FILES = ("model-calls.jsonl", "tool-calls.jsonl", "outputs/stdout.txt", "outputs/stderr.txt", *_JSON_DOCUMENTS)
 
 
 class RedactionSummary(dict[str, Any]):
-    """The rendered proof (a dict), plus `changed_files`: the files this run rewrote."""
+    """The rendered proof (a dict), plus `changed_files`: the files this run rewrote.
+
+    `manifest` holds the redacted manifest bytes when `redact_capsule` was given one, else None.
+    """
 
     changed_files: list[str]
+    manifest: bytes | None = None
 
 
 def _open_regular(path: Path, *, max_bytes: int) -> tuple[int, os.stat_result]:
@@ -94,19 +106,31 @@ def redact_file_bytes(data: bytes, kind: str, proof: ProofBuilder, name: str) ->
 
 
 def _redact_lines(data: bytes, proof: ProofBuilder, name: str, *, json_lines: bool) -> bytes:
-    """Redact line by line; a torn last segment (no newline) is redacted as text and stays unterminated."""
+    """Redact line by line; a torn last segment (no newline) is redacted as text and stays unterminated.
+
+    A text file (not JSON lines) is scanned whole, so a secret that spans lines (a PEM block in a
+    log) is found; each finding still names its line and its offset within that line.
+    """
+    if not json_lines:
+        return _redact_text_file(data, proof, name)
     out: list[bytes] = []
     changed = False
     for number, segment in enumerate(data.split(b"\n"), start=1):
-        if json_lines:
-            new = redact_record_line(segment, proof.sink(name, number))
-        else:
-            text = segment.decode("utf-8", "surrogateescape")
-            redacted = redact_text(text, proof.sink(name, number))
-            new = segment if redacted == text else redacted.encode("utf-8", "surrogateescape")
+        new = redact_record_line(segment, proof.sink(name, number))
         changed = changed or new is not segment
         out.append(new)
     return b"\n".join(out) if changed else data
+
+
+def _redact_text_file(data: bytes, proof: ProofBuilder, name: str) -> bytes:
+    text = data.decode("utf-8", "surrogateescape")
+
+    def sink(rule_id: str, secret: str, where: list[str], offset: int, length: int) -> None:
+        line_start = data.rfind(b"\n", 0, offset) + 1  # offsets are UTF-8 bytes, as `data` is
+        proof.sink(name, data.count(b"\n", 0, offset) + 1)(rule_id, secret, where, offset - line_start, length)
+
+    redacted = redact_text(text, sink)
+    return data if redacted == text else redacted.encode("utf-8", "surrogateescape")
 
 
 def _kind(name: str) -> str:
@@ -166,6 +190,7 @@ def _finish(
     previous_proof: tuple[str | None, dict[str, Any] | None],
     *,
     atomic_writer: str,
+    sync: bool = True,
 ) -> RedactionSummary:
     """Write the proof unless nothing changed and the last proof already covers these exact files."""
     previous_digest, previous = previous_proof
@@ -182,7 +207,7 @@ def _finish(
             with replace_atomically(root / PROOF_NAME, "redact") as writer:
                 writer.write(content)
         else:
-            write_file_atomic(root / PROOF_NAME, content)
+            write_file_atomic(root / PROOF_NAME, content, sync=sync)
     summary = RedactionSummary(rendered)
     summary.changed_files = changed
     return summary
@@ -215,17 +240,31 @@ def redact_capture_dir(path: str | os.PathLike[str]) -> RedactionSummary:
         store.close()
 
 
-def redact_capsule(path: str | os.PathLike[str]) -> RedactionSummary:
+def redact_capsule(
+    path: str | os.PathLike[str],
+    *,
+    manifest: bytes | None = None,
+    tampered_entries: Sequence[Mapping[str, Any]] = (),
+    sync: bool = True,
+) -> RedactionSummary:
     """Redact every file of a run capsule and write its `redaction-proof.json`.
 
     Covers calls/*.capture.jsonl (under the store's lock), model-calls.jsonl, tool-calls.jsonl,
-    outputs/stdout.txt and stderr.txt, env.lock, capsule.json and capture-health.json; missing
-    ones are skipped. Refuses (RedactionError, nothing changed) links and special files.
+    outputs/stdout.txt and stderr.txt, env.lock, capsule.json, capture-health.json and
+    url_registry.json; missing ones are skipped. Refuses (RedactionError, nothing changed) links,
+    special files and hard-linked files.
+
+    Finalisation passes the manifest it is about to write as `manifest` (bytes): it is redacted in
+    memory, its digest goes into the proof, and the redacted bytes come back as
+    `summary.manifest`, for the caller to write last; capsule.json on disk is then left alone.
+    `tampered_entries` are what finalisation found tampered with (the proof's `stream_tampered`);
+    `sync=False` leaves the fsyncs of the plain files and the proof to the caller.
     """
     root = Path(os.path.abspath(os.fspath(path)))
     _check_directory(root)
     calls = root / "calls"
-    others = [name for name in _CAPSULE_FILES if os.path.lexists(root / name)]
+    names = [name for name in CAPSULE_FILES if not (manifest is not None and name == MANIFEST_NAME)]
+    others = [name for name in names if os.path.lexists(root / name)]
     if os.path.lexists(root / "outputs"):
         _check_directory(root / "outputs")
     store = None
@@ -238,20 +277,29 @@ def redact_capsule(path: str | os.PathLike[str]) -> RedactionSummary:
             os.close(_open_regular(file_path, max_bytes=MAX_FILE_BYTES)[0])
         previous = _previous_proof(root)
         proof = ProofBuilder()
+        proof.tampered_entries = [dict(entry) for entry in tampered_entries]
         changed: list[str] = []
         for rollout_id, file_path in rollout_files:
             name = f"calls/{file_path.name}"
             if store is not None and _redact_rollout_file(store, rollout_id, file_path, proof, name):
                 changed.append(name)
         for name in others:
-            changed.extend(_redact_plain_file(root, name, proof))
-        return _finish(root, proof, changed, previous, atomic_writer="capsule")
+            changed.extend(_redact_plain_file(root, name, proof, sync=sync))
+        redacted_manifest = None
+        if manifest is not None:
+            redacted_manifest = redact_file_bytes(manifest, "json", proof, MANIFEST_NAME)
+            proof.add_file(MANIFEST_NAME, redacted_manifest, changed=redacted_manifest is not manifest)
+            if redacted_manifest is not manifest:
+                changed.append(MANIFEST_NAME)
+        summary = _finish(root, proof, changed, previous, atomic_writer="capsule", sync=sync)
+        summary.manifest = redacted_manifest
+        return summary
     finally:
         if store is not None:
             store.close()
 
 
-def _redact_plain_file(root: Path, name: str, proof: ProofBuilder) -> Iterable[str]:
+def _redact_plain_file(root: Path, name: str, proof: ProofBuilder, *, sync: bool = True) -> Iterable[str]:
     file_path = root / name
     data, info = _read_regular(file_path)
     new = redact_file_bytes(data, _kind(name), proof, name)
@@ -261,5 +309,5 @@ def _redact_plain_file(root: Path, name: str, proof: ProofBuilder) -> Iterable[s
     now = os.lstat(file_path)
     if (now.st_dev, now.st_ino) != (info.st_dev, info.st_ino):
         raise RedactionError(f"'{file_path}' was replaced while it was being redacted; run again.")
-    write_file_atomic(file_path, new)
+    write_file_atomic(file_path, new, sync=sync)
     return [name]
