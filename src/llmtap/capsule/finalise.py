@@ -144,7 +144,7 @@ def _project_calls(paths: CapsulePaths) -> tuple[list[bytes], dict[str, Any]]:
     """Read every rollout's calls; return the model-calls lines and the store's view of the calls."""
     from ..records import ModelCallRecord, aggregate_metrics
     from ..store import CaptureStore
-    from .genai import genai_record
+    from ..export.genai import genai_record
 
     lines: list[bytes] = []
     summary: dict[str, Any] = {"rollouts": {}, "unreadable_lines": 0, "torn_tails": 0, "incomplete": [], "late_writes": 0}

@@ -26,7 +26,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from .. import __version__
-from ..capsule import genai as capsule_genai
+from . import genai as capsule_genai
 from ..dialects.history import HistoryItem, request_items, response_outputs
 from ..records import ModelCallRecord
 from . import attributes as names
