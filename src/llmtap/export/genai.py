@@ -9,28 +9,30 @@ reasoning), and the content attributes `gen_ai.system_instructions`, `gen_ai.inp
 parts: `text`, `tool_call`, `tool_call_response`, `reasoning`, `uri`, ...).
 
 Usage numbers and finish reasons come from the dialect's normalization (`ModelCallRecord`);
-message content is read from the stored request and the reassembled response. Unknown stays
+message content comes from the dialects' provider-neutral items (`dialects.history`), the same
+reading the OTLP spans (`export.spans`) use, so no provider JSON is parsed here. Unknown stays
 absent: an attribute is never written as 0 or "" to mean "not reported".
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..dialects.base import parse_arguments
+from ..dialects import DIALECTS
+from ..dialects.history import HistoryItem, is_instructions, request_items, response_outputs
 from .semconv import SEMCONV_NAME, SEMCONV_VERSION
 
 if TYPE_CHECKING:
     from ..records import ModelCallRecord
 
-__all__ = ["SEMCONV_NAME", "SEMCONV_VERSION", "genai_record"]
+__all__ = ["SEMCONV_NAME", "SEMCONV_VERSION", "genai_messages", "genai_record", "sampling_attributes"]
 
 RECORD_SCHEMA_VERSION = 1
 
-# Normalized finish reasons (llmtap) -> the output-message finish_reason values of the conventions.
-_FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_call", "content_filter": "content_filter", "error": "error"}
-_DIALECT_PROVIDER = {"chat": "openai", "responses": "openai", "messages": "anthropic"}
+# Normalized finish reasons (llmtap) whose name the conventions spell differently.
+_ITEM_FINISH = {"tool_calls": "tool_call"}
 _SAMPLING = (
     ("temperature", "gen_ai.request.temperature"),
     ("top_p", "gen_ai.request.top_p"),
@@ -54,38 +56,29 @@ def _number(value: Any) -> int | float | None:
     return value
 
 
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _text(content: str) -> dict[str, Any]:
-    return {"type": "text", "content": content}
-
-
 def genai_record(line: Mapping[str, Any], record: ModelCallRecord, *, rollout_id: str) -> dict[str, Any]:
     """Project one stored call (its raw line and normalized record) onto a GenAI span-like record."""
     request = record.request or {}
     dialect = record.dialect
     operation = line.get("operation") if isinstance(line.get("operation"), str) else "chat"
-    provider = record.provider or _DIALECT_PROVIDER.get(dialect or "", "unknown")
+    known = DIALECTS.get(dialect) if dialect else None
+    provider = record.provider or (known.provider if known is not None else "unknown")
     attributes: dict[str, Any] = {"gen_ai.operation.name": operation, "gen_ai.provider.name": provider}
     model = request.get("model") if isinstance(request.get("model"), str) else None
     if model:
         attributes["gen_ai.request.model"] = model
-    _sampling(request, attributes)
+    attributes.update(sampling_attributes(request))
     _response_attributes(record, attributes)
     _usage(record, attributes)
     _server(line, attributes)
-    system, inputs = _input_messages(dialect, request)
+    items = request_items(dialect, request) or []
+    system = [_part(item) for item in items if is_instructions(item)]
     if system:
         attributes["gen_ai.system_instructions"] = system
+    inputs = _messages(item for item in items if not is_instructions(item))
     if inputs:
         attributes["gen_ai.input.messages"] = inputs
-    outputs = _output_messages(dialect, record)
+    outputs = _output_messages(record)
     if outputs:
         attributes["gen_ai.output.messages"] = outputs
         reasons = [message["finish_reason"] for message in outputs if message.get("finish_reason")]
@@ -113,7 +106,9 @@ def genai_record(line: Mapping[str, Any], record: ModelCallRecord, *, rollout_id
     }
 
 
-def _sampling(request: Mapping[str, Any], attributes: dict[str, Any]) -> None:
+def sampling_attributes(request: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a request's sampling parameters as GenAI `gen_ai.request.*` attributes (the one reader of them)."""
+    attributes: dict[str, Any] = {}
     for key, name in _SAMPLING:
         value = _number(request.get(key))
         if value is not None:
@@ -139,6 +134,7 @@ def _sampling(request: Mapping[str, Any], attributes: dict[str, Any]) -> None:
         attributes["gen_ai.request.choice.count"] = count
     if isinstance(request.get("stream"), bool):
         attributes["gen_ai.request.stream"] = request["stream"]
+    return attributes
 
 
 def _response_attributes(record: ModelCallRecord, attributes: dict[str, Any]) -> None:
@@ -181,198 +177,48 @@ def _error_type(line: Mapping[str, Any], record: ModelCallRecord) -> str:
     return record.error_category or "_OTHER"
 
 
-# --- input messages, per dialect -----------------------------------------------------------------
+def genai_messages(record: ModelCallRecord) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Return (input messages, output messages) in the conventions' role-plus-parts shape.
+
+    Read from the dialects' items: consecutive items of one role form one message; each chat
+    choice is its own output message. Empty lists when the payloads are unknown.
+    """
+    inputs = _messages(request_items(record.dialect, record.request) or [])
+    return inputs, _output_messages(record)
 
 
-def _input_messages(dialect: str | None, request: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    if dialect == "responses":
-        return _responses_input(request)
-    if dialect == "messages":
-        return _anthropic_input(request)
-    messages = request.get("messages")
-    if isinstance(messages, list):
-        return [], [_chat_message(message) for message in messages if isinstance(message, Mapping)]
-    prompt = request.get("prompt")
-    if isinstance(prompt, str):
-        return [], [{"role": "user", "parts": [_text(prompt)]}]
-    return [], []
+def _output_messages(record: ModelCallRecord) -> list[dict[str, Any]]:
+    outputs: list[dict[str, Any]] = []
+    finish = _ITEM_FINISH.get(record.finish_reason_normalized or "", record.finish_reason_normalized)
+    for served in response_outputs(record.dialect, record.response) or []:
+        # An alternative served with no content (a refusal before any text) is still an answer.
+        for message in _messages(served, default_role="assistant") or [{"role": "assistant", "parts": []}]:
+            if finish is not None:
+                message["finish_reason"] = finish
+            outputs.append(message)
+    return outputs
 
 
-def _chat_content_parts(content: Any) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [_text(content)]
-    parts: list[dict[str, Any]] = []
-    if isinstance(content, list):
-        for part in content:
-            if not isinstance(part, Mapping):
-                continue
-            kind = part.get("type")
-            if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
-                parts.append(_text(part["text"]))
-            elif kind in ("image_url", "input_image"):
-                image = part.get("image_url")
-                url = image.get("url") if isinstance(image, Mapping) else image
-                parts.append({"type": "uri", "modality": "image", "uri": url} if isinstance(url, str) else {"type": str(kind)})
-            elif kind == "refusal" and isinstance(part.get("refusal"), str):
-                parts.append(_text(part["refusal"]))
-            elif isinstance(kind, str):
-                parts.append({"type": kind})
-    return parts
-
-
-def _chat_message(message: Mapping[str, Any]) -> dict[str, Any]:
-    role = message.get("role") if isinstance(message.get("role"), str) else "user"
-    if role == "tool":
-        return {
-            "role": "tool",
-            "parts": [{"type": "tool_call_response", "id": message.get("tool_call_id"), "response": message.get("content")}],
-        }
-    parts = _chat_content_parts(message.get("content"))
-    for call in _list(message.get("tool_calls")):
-        if isinstance(call, Mapping):
-            function = _mapping(call.get("function"))
-            parts.append(
-                {
-                    "type": "tool_call",
-                    "id": call.get("id"),
-                    "name": function.get("name"),
-                    "arguments": parse_arguments(function.get("arguments")),
-                }
-            )
-    result: dict[str, Any] = {"role": role, "parts": parts}
-    if isinstance(message.get("name"), str):
-        result["name"] = message["name"]
-    return result
-
-
-def _responses_input(request: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    system = [_text(request["instructions"])] if isinstance(request.get("instructions"), str) else []
-    items = request.get("input")
-    if isinstance(items, str):
-        return system, [{"role": "user", "parts": [_text(items)]}]
+def _messages(items: Iterable[HistoryItem], *, default_role: str = "user") -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
-    for item in items if isinstance(items, list) else []:
-        if not isinstance(item, Mapping):
-            continue
-        kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role") if isinstance(item.get("role"), str) else "user"
-            messages.append({"role": role, "parts": _chat_content_parts(item.get("content"))})
-        elif kind == "function_call":
-            part = {"type": "tool_call", "id": item.get("call_id"), "name": item.get("name"), "arguments": parse_arguments(item.get("arguments"))}
-            messages.append({"role": "assistant", "parts": [part]})
-        elif kind == "function_call_output":
-            part = {"type": "tool_call_response", "id": item.get("call_id"), "response": item.get("output")}
-            messages.append({"role": "tool", "parts": [part]})
-        elif kind == "reasoning":
-            messages.append({"role": "assistant", "parts": _reasoning_summary_parts(item)})
-        elif isinstance(kind, str):
-            messages.append({"role": "assistant", "parts": [{"type": kind}]})
-    return system, messages
+    for item in items:
+        role = item.get("role") or default_role
+        part = _part(item)
+        if messages and messages[-1]["role"] == role and item.get("type") != "tool_result":
+            messages[-1]["parts"].append(part)
+        else:
+            messages.append({"role": role, "parts": [part]})
+    return messages
 
 
-def _reasoning_summary_parts(item: Mapping[str, Any]) -> list[dict[str, Any]]:
-    texts = [part.get("text") for part in _list(item.get("summary")) if isinstance(part, Mapping)]
-    content = "\n".join(text for text in texts if isinstance(text, str))
-    return [{"type": "reasoning", "content": content}]
-
-
-def _anthropic_blocks(content: Any) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [_text(content)]
-    parts: list[dict[str, Any]] = []
-    for block in content if isinstance(content, list) else []:
-        if not isinstance(block, Mapping):
-            continue
-        kind = block.get("type")
-        if kind == "text" and isinstance(block.get("text"), str):
-            parts.append(_text(block["text"]))
-        elif kind in ("tool_use", "server_tool_use"):
-            arguments = block.get("input") if isinstance(block.get("input"), Mapping) else parse_arguments(block.get("input"))
-            parts.append({"type": "tool_call", "id": block.get("id"), "name": block.get("name"), "arguments": arguments})
-        elif kind == "tool_result":
-            parts.append({"type": "tool_call_response", "id": block.get("tool_use_id"), "response": block.get("content")})
-        elif kind == "thinking":
-            parts.append({"type": "reasoning", "content": block.get("thinking") or ""})
-        elif kind == "image":
-            source = _mapping(block.get("source"))
-            if source.get("type") == "url":
-                parts.append({"type": "uri", "modality": "image", "uri": source.get("url")})
-            else:
-                parts.append({"type": "blob", "modality": "image", "mime_type": source.get("media_type")})
-        elif isinstance(kind, str):
-            parts.append({"type": kind})
-    return parts
-
-
-def _anthropic_input(request: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    system = _anthropic_blocks(request.get("system")) if request.get("system") is not None else []
-    messages = []
-    for message in _list(request.get("messages")):
-        if isinstance(message, Mapping):
-            role = message.get("role") if isinstance(message.get("role"), str) else "user"
-            messages.append({"role": role, "parts": _anthropic_blocks(message.get("content"))})
-    return system, messages
-
-
-# --- output messages -----------------------------------------------------------------------------
-
-
-def _finish_reason(record: ModelCallRecord) -> str | None:
-    normalized = record.finish_reason_normalized
-    if normalized in _FINISH:
-        return _FINISH[normalized]
-    return record.finish_reason
-
-
-def _output_messages(dialect: str | None, record: ModelCallRecord) -> list[dict[str, Any]]:
-    response = record.response
-    if not response:
-        return []
-    if dialect == "chat" and isinstance(response.get("choices"), list):
-        return [_chat_choice(choice) for choice in response["choices"] if isinstance(choice, Mapping)]
-    if dialect == "responses":
-        parts = _responses_output_parts(response.get("output"))
-    elif dialect == "messages":
-        parts = _anthropic_blocks(response.get("content"))
-    elif isinstance(response.get("message"), Mapping):  # Ollama-style {"message": {...}}
-        parts = _chat_message(response["message"])["parts"]
-    else:
-        return []
-    message: dict[str, Any] = {"role": "assistant", "parts": parts}
-    reason = _finish_reason(record)
-    if reason:
-        message["finish_reason"] = reason
-    return [message]
-
-
-_CHAT_FINISH = {"tool_calls": "tool_call", "function_call": "tool_call"}
-
-
-def _chat_choice(choice: Mapping[str, Any]) -> dict[str, Any]:
-    message = _mapping(choice.get("message"))
-    converted = _chat_message({**message, "role": message.get("role") or "assistant"})
-    reasoning = message.get("reasoning_content") or message.get("reasoning")
-    if isinstance(reasoning, str) and reasoning:
-        converted["parts"].insert(0, {"type": "reasoning", "content": reasoning})
-    reason = choice.get("finish_reason")
-    if isinstance(reason, str):
-        converted["finish_reason"] = _CHAT_FINISH.get(reason, reason)
-    return converted
-
-
-def _responses_output_parts(output: Any) -> list[dict[str, Any]]:
-    parts: list[dict[str, Any]] = []
-    for item in output if isinstance(output, list) else []:
-        if not isinstance(item, Mapping):
-            continue
-        kind = item.get("type")
-        if kind == "message":
-            parts.extend(_chat_content_parts(item.get("content")))
-        elif kind == "function_call":
-            parts.append({"type": "tool_call", "id": item.get("call_id"), "name": item.get("name"), "arguments": parse_arguments(item.get("arguments"))})
-        elif kind == "reasoning":
-            parts.extend(_reasoning_summary_parts(item))
-        elif isinstance(kind, str):
-            parts.append({"type": kind, "id": item.get("id")})
-    return parts
+def _part(item: HistoryItem) -> dict[str, Any]:
+    kind = item.get("type")
+    if kind == "tool_call":
+        arguments = item.get("arguments")
+        return {"type": "tool_call", "id": item.get("call_id"), "name": item.get("name"), "arguments": arguments}
+    if kind == "tool_result":
+        return {"type": "tool_call_response", "id": item.get("call_id"), "response": item.get("text")}
+    if kind == "reasoning":
+        return {"type": "reasoning", "content": item.get("text") or ""}
+    part: dict[str, Any] = {"type": "text", "content": item.get("text") or ""}
+    return part
