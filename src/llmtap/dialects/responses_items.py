@@ -8,7 +8,14 @@ from typing import Any
 from .base import parse_arguments
 from .items import HistoryItem, _item, _mappings, _memoized, _message, _output_text, _str, _with_item_id
 
-__all__ = ["CLIENT_CALL_TYPES", "continued_response_id", "fingerprint_outputs", "fingerprint_request_items", "request_items", "response_outputs"]
+__all__ = [
+    "CLIENT_CALL_TYPES",
+    "continued_response_id",
+    "fingerprint_outputs",
+    "fingerprint_request_items",
+    "request_items",
+    "response_outputs",
+]
 
 _RESPONSES_TOOL_RESULT_SUFFIX = "_output"
 # Built-in Responses tools the client runs itself: their results come back as `*_call_output` input.
