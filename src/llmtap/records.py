@@ -385,6 +385,7 @@ class ModelCallRecord:
     cached_tokens: int | None = None
     cache_creation_tokens: int | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    hosted_tool_calls: list[dict[str, Any]] = field(default_factory=list)
     reasoning_content: str | None = None
     reasoning_redacted_blocks: int = 0
     refusal: str | None = None
@@ -442,6 +443,7 @@ class ModelCallRecord:
             cached_tokens=usage.cached_tokens,
             cache_creation_tokens=usage.cache_creation_tokens,
             tool_calls=[call.as_dict() for call in normalized.tool_calls],
+            hosted_tool_calls=[call.as_dict() for call in normalized.hosted_tool_calls],
             reasoning_content=normalized.reasoning_content,
             reasoning_redacted_blocks=normalized.reasoning_redacted_blocks,
             refusal=normalized.refusal,

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import llmtap.dialects.messages as messages_module
+import llmtap.dialects.messages_stream as messages_module
 from llmtap.dialects.base import FINISH_REASONS
 from llmtap.dialects.messages import MessagesDialect, MessagesStreamAssembler
 from llmtap.dialects.sse import SSEDecoder, SSEEvent, decode_sse
@@ -149,9 +149,12 @@ def test_recorded_stream_matches_what_the_provider_reported(exchange: RecordedEx
 
     calls = [(c.type, c.call_id, c.name, c.arguments) for c in normalized.tool_calls]
     assert calls == [
-        ("function" if kind == "tool_use" else kind, call_id, name, arguments)
+        ("function", call_id, name, arguments)
         for kind, call_id, name, arguments in expected.tool_calls
+        if kind == "tool_use"
     ]
+    hosted = [(c.type, c.call_id, c.name, c.arguments) for c in normalized.hosted_tool_calls]
+    assert hosted == [call for call in expected.tool_calls if call[0] != "tool_use"]
     assert normalized.served_item_ids == [expected.id] + [call[1] for call in expected.tool_calls]
 
 
@@ -261,7 +264,10 @@ def test_recorded_body_normalizes_to_its_own_fields(exchange: RecordedExchange) 
     assert normalized.finish_reason == body["stop_reason"]
     assert normalized.output_text == ("".join(texts) if texts else None)
     assert [(c.call_id, c.name, c.arguments) for c in normalized.tool_calls] == [
-        (b["id"], b["name"], b["input"]) for b in tools
+        (b["id"], b["name"], b["input"]) for b in tools if b["type"] == "tool_use"
+    ]
+    assert [(c.call_id, c.name, c.arguments) for c in normalized.hosted_tool_calls] == [
+        (b["id"], b["name"], b["input"]) for b in tools if b["type"] != "tool_use"
     ]
     assert normalized.served_item_ids == [body["id"]] + [b["id"] for b in tools]
     assert normalized.usage.tokens_out == body["usage"]["output_tokens"]
@@ -313,14 +319,18 @@ def test_thinking_body_gives_reasoning_and_the_agent_tool_call() -> None:
     ]
 
 
-def test_web_search_body_types_the_server_tool_call_apart_from_agent_calls() -> None:
-    normalized = DIALECT.normalize(json.loads(fixture("messages/web-search-sonnet4").body_text))
-    assert [c.as_dict() for c in normalized.tool_calls] == [
+def test_web_search_body_keeps_the_server_tool_call_out_of_the_agent_calls() -> None:
+    body = json.loads(fixture("messages/web-search-sonnet4").body_text)
+    normalized = DIALECT.normalize(body)
+    assert normalized.tool_calls == []
+    [result_block] = [block for block in body["content"] if block["type"] == "web_search_tool_result"]
+    assert [c.as_dict() for c in normalized.hosted_tool_calls] == [
         {
+            "type": "server_tool_use",
             "call_id": "srvtoolu_0185jCYJv14nWWFoMsh2Bs9K",
             "name": "web_search",
             "arguments": {"query": "Tokyo population 2026 current"},
-            "type": "server_tool_use",
+            "result": result_block["content"],
         }
     ]
     assert normalized.finish_reason_normalized == "stop"

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import llmtap.dialects.responses as responses_module
+import llmtap.dialects.responses_stream as responses_module
 from llmtap.dialects.base import Normalized
 from llmtap.dialects.responses import ResponsesAssembler, ResponsesDialect
 from llmtap.dialects.sse import SSEDecoder, SSEEvent, decode_sse
@@ -110,7 +110,8 @@ def test_stream_normalizes_usage_id_and_finish_reason_as_reported(exchange: Reco
     assert normalized.usage.tokens_reasoning == usage["output_tokens_details"]["reasoning_tokens"]
     assert normalized.usage.cached_tokens == usage["input_tokens_details"]["cached_tokens"]
     details = envelope["incomplete_details"]
-    assert normalized.finish_reason == (details["reason"] if details else envelope["status"])
+    # The raw finish reason is the provider's own: `incomplete_details.reason`, null unless incomplete.
+    assert normalized.finish_reason == (details["reason"] if envelope["status"] == "incomplete" else None)
     assert normalized.error is None
 
 
@@ -257,7 +258,7 @@ def test_function_call_body_gives_call_id_name_and_parsed_arguments() -> None:
             "item_id": "fc_05c01d5dceb461c50169fab1bc6a208196a8f7957526d1ef99",
         }
     ]
-    assert normalized.finish_reason == "completed"
+    assert normalized.finish_reason is None  # a completed response names no reason of its own
     assert normalized.finish_reason_normalized == "tool_calls"
 
 
@@ -378,7 +379,7 @@ def test_failed_response_is_an_error_terminal_with_the_provider_error() -> None:
     normalized = DIALECT.normalize(assembler.result() or {})
     assert assembler.terminal == "error"
     assert normalized.error == {"code": "server_error", "message": "boom"}
-    assert (normalized.finish_reason, normalized.finish_reason_normalized) == ("failed", "error")
+    assert (normalized.finish_reason, normalized.finish_reason_normalized) == (None, "error")
 
 
 def test_terminal_envelope_without_output_gets_the_streamed_items() -> None:

@@ -2,9 +2,9 @@
 projection, the workload's environment, its output and capture health, with a manifest.
 
 Modules: `writer` (layout and safe writes), `manifest` (capsule.json, finding runs), `finalise`
-(completing a capsule after its capture ends), `genai` (model-calls.jsonl records) and `semconv`
-(the pinned conventions version), `envlock`, `health` (per-process counts summed), `ulid` (run
-ids), `runner` (`llmtap run`); how calls reach a capsule from the workload is `llmtap.spool`, and
+(completing a capsule after its capture ends; its model-calls.jsonl records come from
+`llmtap.export.genai`), `envlock`, `health` (per-process counts summed), `ulid` (run ids), `runner`
+(`llmtap run`); how calls reach a capsule from the workload is `llmtap.spool`, and
 `llmtap serve --capsule` is `llmtap.server.capsule_mode`. Nothing is imported here, so
 the start-up hooks of `llmtap run` stay cheap.
 """

@@ -76,10 +76,10 @@ def _has_calls(paths: CapsulePaths) -> bool:
 
 def _project_calls(paths: CapsulePaths) -> tuple[list[bytes], dict[str, Any]]:
     """Read every rollout's calls; return the model-calls lines and the store's view of the calls."""
+    from ..export.genai import genai_record
     from ..records import ModelCallRecord, aggregate_metrics
     from ..store import CaptureStore
     from ..store.readers import read_rollout_calls_with_lines
-    from .genai import genai_record
 
     lines: list[bytes] = []
     summary: dict[str, Any] = {"rollouts": {}, "unreadable_lines": 0, "torn_tails": 0, "incomplete": [], "late_writes": 0}

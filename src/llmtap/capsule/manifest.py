@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import LlmtapError
-from .semconv import SEMCONV_NAME, SEMCONV_VERSION
+from ..export.semconv import SEMCONV_NAME, SEMCONV_VERSION
 from .ulid import is_ulid
 from .writer import CapsulePaths, read_regular_file, sync_files, write_file_atomic, write_json_atomic
 

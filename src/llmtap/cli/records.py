@@ -125,6 +125,9 @@ def show(capture_dir: Path, rollout_id: str, as_json: bool, payloads: bool, wide
         return
     console = Console()
     print_table(console, calls_table(f"rollout {rollout_id}", calls.records, width=console.width, wide=wide), wide=wide)
+    hosted = _hosted_calls_table(calls.records)
+    if hosted is not None:
+        console.print(hosted)
     console.print(metrics_line(aggregate_model_call_metrics(calls.records)))
     if calls.unreadable_lines:
         console.print(f"[yellow]{len(calls.unreadable_lines)} damaged line(s) skipped at call_index {calls.unreadable_lines}[/]")
@@ -132,6 +135,24 @@ def show(capture_dir: Path, rollout_id: str, as_json: bool, payloads: bool, wide
         console.print("[yellow]A capture write failed for this rollout (.capture.incomplete marker present).[/]")
     if calls.late_writes:
         console.print(f"[yellow]{calls.late_writes} late write(s) from a cleared attempt were set aside.[/]")
+
+
+def _hosted_calls_table(records: Any) -> Table | None:
+    """One row per tool call the provider ran itself (not in the "tools" column), or None when there are none."""
+    rows = [(record.call_index, hosted) for record in records for hosted in record.hosted_tool_calls]
+    if not rows:
+        return None
+    table = Table("#", "hosted tool", "type", "call id", "status", "result", title="hosted tool calls", title_justify="left")
+    for call_index, hosted in rows:
+        table.add_row(
+            str(call_index),
+            str(hosted.get("name") or "-"),
+            str(hosted.get("type") or "-"),
+            str(hosted.get("call_id") or "-"),
+            str(hosted.get("status") or "-"),
+            "yes" if hosted.get("result") is not None else "-",
+        )
+    return table
 
 
 def _read(store: CaptureStore, rollout_id: str) -> Any:

@@ -18,6 +18,7 @@ from .sse import SSEEvent
 __all__ = [
     "FINISH_REASONS",
     "Dialect",
+    "HostedToolCall",
     "Normalized",
     "StreamAssembler",
     "TerminalKind",
@@ -27,6 +28,7 @@ __all__ = [
     "as_str",
     "parse_arguments",
     "parse_event_data",
+    "token_ids",
     "writable_json",
 ]
 
@@ -82,6 +84,34 @@ class ToolCall:
 
 
 @dataclass(slots=True)
+class HostedToolCall:
+    """One tool call the provider ran itself (a web search, code execution, an MCP call).
+
+    Never in `Normalized.tool_calls`, which holds only what the client must execute. `type` is
+    the provider's own block or item type (`server_tool_use`, `web_search_call`, ...); `result`
+    is what the provider returned for it when the response carries that, else None (unknown).
+    """
+
+    type: str
+    call_id: str | None
+    name: str | None
+    arguments: dict[str, Any] | None = None
+    result: Any = None
+    status: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the JSON shape stored on records; unknown fields are left out."""
+        result: dict[str, Any] = {"type": self.type, "call_id": self.call_id, "name": self.name}
+        if self.arguments is not None:
+            result["arguments"] = self.arguments
+        if self.status is not None:
+            result["status"] = self.status
+        if self.result is not None:
+            result["result"] = self.result
+        return result
+
+
+@dataclass(slots=True)
 class Normalized:
     """What a dialect reads out of one response object, in provider-neutral terms."""
 
@@ -91,7 +121,9 @@ class Normalized:
     finish_reason: str | None = None
     finish_reason_normalized: str | None = None
     usage: Usage = field(default_factory=Usage)
+    # Calls the client must execute; `hosted_tool_calls` holds those the provider ran itself.
     tool_calls: list[ToolCall] = field(default_factory=list)
+    hosted_tool_calls: list[HostedToolCall] = field(default_factory=list)
     reasoning_content: str | None = None
     reasoning_redacted_blocks: int = 0
     refusal: str | None = None
@@ -131,9 +163,17 @@ class StreamAssembler(Protocol):
 
 
 class Dialect(Protocol):
-    """One provider API: the paths it owns, its stream assembler and its normalizer."""
+    """One provider API: its paths, stream assembler, normalizer, error shape and items.
+
+    `request_items` and `response_outputs` read the model-visible content into the
+    provider-neutral items `dialects.history` documents; `fingerprint_request_items` and
+    `fingerprint_outputs` select the raw objects the content fingerprint hashes. All of them
+    return None for a shape they cannot read and never raise.
+    """
 
     name: ClassVar[str]
+    # The provider the API belongs to, as OpenTelemetry's `gen_ai.provider.name` spells it.
+    provider: ClassVar[str]
     paths: ClassVar[frozenset[str]]
     path_suffixes: ClassVar[tuple[str, ...]]
     # Request keys that limit output length, in the order sampling should set them.
@@ -143,12 +183,43 @@ class Dialect(Protocol):
 
     def normalize(self, response: Mapping[str, Any]) -> Normalized: ...
 
+    def error_body(self, message: str, code: str, status: int) -> bytes:
+        """Return an error body in the provider's own shape, so the client's SDK reads it as one."""
+        ...
+
+    def request_items(
+        self, request: Mapping[str, Any], memo: dict[bytes, list[dict[str, Any]]] | None = None
+    ) -> list[dict[str, Any]] | None: ...
+
+    def response_outputs(self, response: Mapping[str, Any]) -> list[list[dict[str, Any]]] | None: ...
+
+    def fingerprint_request_items(self, request: Mapping[str, Any]) -> list[Any] | None: ...
+
+    def fingerprint_outputs(self, response: Mapping[str, Any]) -> list[list[Any]] | None: ...
+
+    def continued_response_id(self, request: Mapping[str, Any]) -> str | None: ...
+
 
 def as_count(value: Any) -> int | None:
     """Return value when it is a real token count (a non-negative int, not a bool), else None."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return None
     return value
+
+
+def token_ids(value: Any) -> list[int] | None:
+    """Return value as token ids when it is a list of non-negative ints (no bools), else None.
+
+    The one rule every dialect and reader applies: a token id indexes a vocabulary, so a
+    negative one (a padding or "no token" marker some servers use) is not a token, and a list
+    holding one is unknown as a whole rather than kept with a value no tokenizer decodes.
+    """
+    if not isinstance(value, list):
+        return None
+    for item in value:
+        if type(item) is not int or item < 0:
+            return None
+    return list(value)
 
 
 def as_str(value: Any) -> str | None:

@@ -1,11 +1,9 @@
-"""The OpenAI Responses API (`/v1/responses`): stream reassembly and normalization.
+"""The OpenAI Responses API (`/v1/responses`): normalization, errors and the dialect.
 
-A Responses stream announces the response (`response.created`, `response.in_progress`), streams
-output items with the deltas of their parts, and ends with an envelope event
-(`response.completed`, `response.incomplete`, `response.failed`) or an `error` event. The terminal
-envelope is the provider's own final object, so it wins. Without one (a stream cut short) the
-response is rebuilt from the last envelope seen plus the items and deltas received so far, so
-partial text and partial tool arguments are never lost.
+Streams are rebuilt in `responses_stream`, request and response items read in
+`responses_items`. Output items of the types the client runs (`function_call`,
+`custom_tool_call`) are its tool calls; built-in tools the provider ran (web search, file
+search, code interpreter, MCP, image generation, ...) are hosted tool calls, kept apart.
 """
 
 from __future__ import annotations
@@ -13,398 +11,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from .base import (
-    NOT_JSON,
-    Normalized,
-    TerminalKind,
-    ToolCall,
-    Usage,
-    as_count,
-    as_str,
-    parse_arguments,
-    parse_event_data,
-)
-from .sse import SSEEvent
-from .token_template import TokenTemplate
+from . import responses_items
+from .base import HostedToolCall, Normalized, ToolCall, Usage, as_count, as_str, parse_arguments, token_ids
+from .chat import openai_error_body
+from .items import HistoryItem
+from .responses_stream import ResponsesAssembler
 
 __all__ = ["ResponsesAssembler", "ResponsesDialect", "normalize_response"]
-
-_TERMINALS: dict[str, TerminalKind] = {
-    "response.completed": "completed",
-    "response.incomplete": "incomplete",
-    "response.failed": "error",
-    "error": "error",
-}
-
-# Streamed text, by event prefix (`<prefix>.delta` appends, `<prefix>.done` gives the whole value
-# under the same key): where the text lives (`content` or `summary` parts, or None for a field of
-# the item itself), its key, and the item and part types to assume when the stream never
-# announced them.
-_STREAMED_TEXT: dict[str, tuple[str | None, str, str, str | None]] = {
-    "response.output_text": ("content", "text", "message", "output_text"),
-    "response.refusal": ("content", "refusal", "message", "refusal"),
-    "response.reasoning_text": ("content", "text", "reasoning", "reasoning_text"),
-    "response.reasoning_summary_text": ("summary", "text", "reasoning", "summary_text"),
-    "response.function_call_arguments": (None, "arguments", "function_call", None),
-    "response.custom_tool_call_input": (None, "input", "custom_tool_call", None),
-    "response.mcp_call_arguments": (None, "arguments", "mcp_call", None),
-    "response.code_interpreter_call_code": (None, "code", "code_interpreter_call", None),
-}
-
-# Part events: which list of the item they fill, and the item type to assume.
-_PART_EVENTS: dict[str, tuple[str, str]] = {
-    "response.content_part.added": ("content", "message"),
-    "response.content_part.done": ("content", "message"),
-    "response.reasoning_summary_part.added": ("summary", "reasoning"),
-    "response.reasoning_summary_part.done": ("summary", "reasoning"),
-}
-
-_INDEX_KEYS = {"content": "content_index", "summary": "summary_index"}
-
-# Values of a text delta that change with every event and that rebuilding ignores: a template of
-# the delta event lets them vary (see `token_template`).
-_VARYING_KEYS = ("sequence_number", "obfuscation")
-
-# Built-in tool items announce progress as `response.<item type>.<status>`; the status is the item's.
-_PROGRESS_ITEM_TYPES = frozenset(
-    {"web_search_call", "file_search_call", "code_interpreter_call", "mcp_call", "image_generation_call"}
-)
-_PROGRESS_STATES = frozenset({"in_progress", "searching", "interpreting", "generating", "completed", "failed"})
 
 # Output item types the agent itself must run; built-in tools (web search, MCP...) run server-side.
 _AGENT_TOOL_TYPES = {"function_call": "function", "custom_tool_call": "custom"}
 
-
-class _Text:
-    """Text built from deltas; the `.done` value, when it comes, is the provider's whole text."""
-
-    __slots__ = ("_chunks", "_final")
-
-    def __init__(self, initial: str = "") -> None:
-        self._chunks = [initial] if initial else []
-        self._final: str | None = None
-
-    def append(self, delta: str) -> None:
-        if self._final is None:
-            self._chunks.append(delta)
-
-    def finish(self, text: str) -> None:
-        self._final = text
-
-    def value(self) -> str:
-        if self._final is not None:
-            return self._final
-        if len(self._chunks) > 1:
-            # Join once and keep the join, so repeated result() calls stay linear.
-            self._chunks = ["".join(self._chunks)]
-        return self._chunks[0] if self._chunks else ""
-
-
-class _Part:
-    """One content or summary part of an item being rebuilt."""
-
-    __slots__ = ("base", "key", "text", "logprobs", "annotations", "final")
-
-    def __init__(self, base: dict[str, Any]) -> None:
-        self.base = base
-        self.key = "refusal" if base.get("type") == "refusal" else "text"
-        initial = base.get(self.key)
-        self.text = _Text(initial if isinstance(initial, str) else "")
-        self.logprobs: list[Any] | None = None
-        self.annotations: list[Any] = []
-        self.final: dict[str, Any] | None = None
-
-    def build(self) -> dict[str, Any]:
-        if self.final is not None:
-            return dict(self.final)
-        part = dict(self.base)
-        part[self.key] = self.text.value()
-        if self.logprobs is not None:
-            part["logprobs"] = list(self.logprobs)
-        if self.annotations:
-            earlier = part.get("annotations")
-            part["annotations"] = [*(earlier if isinstance(earlier, list) else []), *self.annotations]
-        return part
-
-
-class _Item:
-    """One output item being rebuilt; `output_item.done` makes the provider's item authoritative."""
-
-    __slots__ = ("base", "fields", "parts", "final")
-
-    def __init__(self, base: dict[str, Any]) -> None:
-        self.base = base
-        self.fields: dict[str, _Text] = {}
-        self.parts: dict[str, dict[int, _Part]] = {}
-        self.final: dict[str, Any] | None = None
-
-    def field(self, key: str) -> _Text:
-        text = self.fields.get(key)
-        if text is None:
-            initial = self.base.get(key)
-            text = self.fields[key] = _Text(initial if isinstance(initial, str) else "")
-        return text
-
-    def build(self) -> dict[str, Any]:
-        if self.final is not None:
-            return dict(self.final)
-        item = dict(self.base)
-        for key, text in self.fields.items():
-            item[key] = text.value()
-        for place, parts in self.parts.items():
-            item[place] = [parts[index].build() for index in sorted(parts)]
-        return item
-
-
-class ResponsesAssembler:
-    """Rebuilds a Responses event stream into the response object, one event at a time.
-
-    Usage::
-
-        assembler = ResponsesDialect().stream_assembler()
-        for event in decode_sse(body):
-            assembler.feed(event)
-        response, terminal = assembler.result(), assembler.terminal
-    """
-
-    def __init__(self) -> None:
-        self.terminal: TerminalKind | None = None
-        self.malformed_events = 0
-        self._envelope: dict[str, Any] | None = None
-        self._final: dict[str, Any] | None = None
-        self._error: dict[str, Any] | None = None
-        self._items: dict[int, _Item] = {}
-        self._index_by_id: dict[str, int] = {}
-        # The text the last event's delta grew, and the template learnt from that event: used only
-        # while deltas follow one another (any other event may change what an index refers to).
-        self._delta_text: _Text | None = None
-        self._tokens: TokenTemplate | None = None
-
-    def feed(self, event: SSEEvent) -> None:
-        """Apply one event; malformed events are skipped and counted, never raised."""
-        tokens = self._tokens
-        if tokens is not None and tokens.take(event):
-            return
-        self._tokens = self._delta_text = None
-        data = parse_event_data(event)
-        if data is NOT_JSON or not isinstance(data, dict):
-            if event.data.strip() == "[DONE]":
-                return
-            self.malformed_events += 1
-            if event.event == "error":
-                # The provider announced an error even if its payload is unreadable.
-                self.terminal = "error"
-                self._error = {"message": event.data} if event.data else {}
-            return
-        kind = data.get("type")
-        if not isinstance(kind, str):
-            kind = event.event
-        terminal = _TERMINALS.get(kind or "") or _TERMINALS.get(event.event or "")
-        if terminal is not None:
-            self.terminal = terminal
-        if kind is None or not self._apply(kind, data):
-            self.malformed_events += 1
-        elif self._delta_text is not None and not data.get("logprobs"):
-            # A text delta with nothing else to apply (log probabilities would be): later ones
-            # like it can skip all this.
-            self._tokens = TokenTemplate.around(event, "delta", data["delta"], self._delta_text, _VARYING_KEYS)
-
-    @property
-    def answered(self) -> bool:
-        """True once `response.completed`, `response.incomplete` or `response.failed` (or an error) arrived."""
-        return self.terminal is not None
-
-    def take_raw(self, chunk: bytes) -> bool:
-        """Apply a whole chunk of the stream, undecoded, when it is one text delta that fits the
-        learnt template; False to decode it. Call only at an event boundary."""
-        tokens = self._tokens
-        return tokens is not None and tokens.take_raw(chunk)
-
-    def result(self) -> dict[str, Any] | None:
-        """The best reconstruction so far, or None when nothing at all was learned.
-
-        The response, its items and parts are fresh dicts; deeper values are shared with the parsed
-        events, so treat the result as read-only.
-        """
-        items = [self._items[index].build() for index in sorted(self._items)]
-        if self._final is not None:
-            response = dict(self._final)
-            output = response.get("output")
-            if items and not (isinstance(output, list) and output):
-                response["output"] = items
-        elif self._envelope is not None:
-            response = dict(self._envelope)
-            if items:
-                response["output"] = items
-        elif items:
-            response = {"output": items}
-        elif self._error is not None:
-            response = {}
-        else:
-            return None
-        if self._error is not None:
-            response["error"] = self._error
-        return response
-
-    def _apply(self, kind: str, data: dict[str, Any]) -> bool:
-        """Apply one parsed event; False when it is malformed."""
-        if kind == "error":
-            nested = data.get("error")
-            self._error = (
-                nested
-                if isinstance(nested, dict)
-                else {key: value for key, value in data.items() if key not in ("type", "sequence_number")}
-            )
-            return True
-        if "response" in data or kind in _TERMINALS:
-            response = data.get("response")
-            if not isinstance(response, dict):
-                return False
-            if kind in _TERMINALS:
-                self._final = response
-            else:
-                self._envelope = response
-            return True
-        if kind in ("response.output_item.added", "response.output_item.done"):
-            return self._on_item(data, done=kind.endswith(".done"))
-        if kind in _PART_EVENTS:
-            place, item_type = _PART_EVENTS[kind]
-            return self._on_part(data, place, item_type, done=kind.endswith(".done"))
-        if kind == "response.output_text.annotation.added":
-            return self._on_annotation(data)
-        prefix, _, suffix = kind.rpartition(".")
-        spec = _STREAMED_TEXT.get(prefix)
-        if spec is not None and suffix in ("delta", "done"):
-            return self._on_text(data, spec, done=suffix == "done")
-        item_type = prefix.removeprefix("response.")
-        if item_type in _PROGRESS_ITEM_TYPES and suffix in _PROGRESS_STATES:
-            item = self._item_for(data, item_type)
-            if item is None:
-                return False
-            item.base["status"] = suffix
-        return True  # a well-formed event this assembler has no use for
-
-    def _on_item(self, data: dict[str, Any], *, done: bool) -> bool:
-        raw = data.get("item")
-        if not isinstance(raw, dict):
-            return False
-        item_id = raw.get("id")
-        index = data.get("output_index")
-        if index is None:
-            index = self._index_by_id.get(item_id) if isinstance(item_id, str) else None
-            if index is None:
-                index = self._next_index()
-        elif as_count(index) is None:
-            return False
-        item = self._items.get(index)
-        if item is None:
-            item = self._items[index] = _Item(dict(raw))
-        elif not done:
-            item.base = {**item.base, **raw}
-        if done:
-            item.final = raw
-        if isinstance(item_id, str):
-            self._index_by_id[item_id] = index
-        return True
-
-    def _on_part(self, data: dict[str, Any], place: str, item_type: str, *, done: bool) -> bool:
-        raw = data.get("part")
-        item = self._item_for(data, item_type)
-        if item is None or not isinstance(raw, dict):
-            return False
-        index = self._part_index(data, place)
-        if index is None:
-            return False
-        parts = item.parts.setdefault(place, {})
-        part = parts.get(index)
-        if part is None:
-            part = parts[index] = _Part(dict(raw))
-        elif not done:
-            part.base = {**part.base, **raw}
-        if done:
-            part.final = raw
-        return True
-
-    def _on_annotation(self, data: dict[str, Any]) -> bool:
-        annotation = data.get("annotation")
-        part = self._part_for(data, ("content", "text", "message", "output_text"))
-        if part is None or annotation is None:
-            return False
-        part.annotations.append(annotation)
-        return True
-
-    def _on_text(self, data: dict[str, Any], spec: tuple[str | None, str, str, str | None], *, done: bool) -> bool:
-        place, key, item_type, _ = spec
-        value = data.get(key if done else "delta")
-        if not isinstance(value, str):
-            return False
-        if place is None:
-            item = self._item_for(data, item_type)
-            if item is None:
-                return False
-            text = item.field(key)
-        else:
-            part = self._part_for(data, spec)
-            if part is None:
-                return False
-            text = part.text
-            logprobs = data.get("logprobs")
-            if isinstance(logprobs, list) and (done or logprobs):
-                if done or part.logprobs is None:
-                    part.logprobs = []
-                part.logprobs.extend(logprobs)
-        if done:
-            text.finish(value)
-        else:
-            text.append(value)
-            self._delta_text = text
-        return True
-
-    def _part_for(self, data: dict[str, Any], spec: tuple[str | None, str, str, str | None]) -> _Part | None:
-        place, _, item_type, part_type = spec
-        item = self._item_for(data, item_type)
-        if item is None or place is None:
-            return None
-        index = self._part_index(data, place)
-        if index is None:
-            return None
-        parts = item.parts.setdefault(place, {})
-        part = parts.get(index)
-        if part is None:
-            part = parts[index] = _Part({"type": part_type})
-        return part
-
-    def _item_for(self, data: dict[str, Any], item_type: str) -> _Item | None:
-        """The item an event refers to (by `output_index`, else `item_id`), created if unseen."""
-        item_id = data.get("item_id")
-        if item_id is not None and not isinstance(item_id, str):
-            return None
-        index = data.get("output_index")
-        if index is None:
-            if item_id is None:
-                return None
-            index = self._index_by_id.get(item_id)
-            if index is None:
-                index = self._next_index()
-        elif as_count(index) is None:
-            return None
-        item = self._items.get(index)
-        if item is None:
-            base: dict[str, Any] = {"type": item_type}
-            if item_id is not None:
-                base["id"] = item_id
-            item = self._items[index] = _Item(base)
-        if item_id is not None:
-            self._index_by_id.setdefault(item_id, index)
-        return item
-
-    @staticmethod
-    def _part_index(data: dict[str, Any], place: str) -> int | None:
-        raw = data.get(_INDEX_KEYS[place])
-        return 0 if raw is None else as_count(raw)
-
-    def _next_index(self) -> int:
-        return max(self._items) + 1 if self._items else 0
+# Output items the client runs itself even though they end in `_call`: never hosted.
+_CLIENT_CALL_TYPES = responses_items.CLIENT_CALL_TYPES
+# Keys of a hosted call item that hold what the provider returned for it.
+_HOSTED_RESULT_KEYS = ("output", "results", "outputs", "result", "error")
 
 
 def normalize_response(response: Any) -> Normalized:
@@ -416,6 +37,7 @@ def normalize_response(response: Any) -> Normalized:
     reason = as_str(details.get("reason")) if isinstance(details, Mapping) else None
     items = _mappings(response.get("output"))
     tool_calls = [call for call in map(_tool_call, items) if call is not None]
+    hosted = [call for call in map(_hosted_call, items) if call is not None]
     error = _error_object(response.get("error"))
     reasoning, redacted = _reasoning(items)
     prompt_ids, completion_ids = _token_ids(response, items)
@@ -423,10 +45,12 @@ def normalize_response(response: Any) -> Normalized:
         response_id=as_str(response.get("id")),
         model=as_str(response.get("model")),
         response_status=status,
-        finish_reason=reason or status,
+        # The provider's own value: only an incomplete response names why it stopped.
+        finish_reason=reason if status == "incomplete" else None,
         finish_reason_normalized=_normalized_finish(status, reason, error is not None, bool(tool_calls)),
         usage=_usage(response.get("usage")),
         tool_calls=tool_calls,
+        hosted_tool_calls=hosted,
         reasoning_content="\n".join(reasoning) if reasoning else None,
         reasoning_redacted_blocks=redacted,
         refusal=_joined_parts(items, "refusal", "refusal"),
@@ -482,7 +106,16 @@ def _usage(value: Any) -> Usage:
 
 
 def _tool_call(item: Mapping[str, Any]) -> ToolCall | None:
+    """The call an output item asks the client to execute: a function, custom or client-run built-in tool."""
     item_type = item.get("type")
+    if isinstance(item_type, str) and item_type in _CLIENT_CALL_TYPES:
+        return ToolCall(
+            call_id=as_str(item.get("call_id")) or as_str(item.get("id")),
+            name=as_str(item.get("name")) or item_type.removesuffix("_call"),
+            arguments=_call_arguments(item) or {},
+            type=item_type,
+            item_id=as_str(item.get("id")),
+        )
     kind = _AGENT_TOOL_TYPES.get(item_type) if isinstance(item_type, str) else None
     if kind is None:
         return None
@@ -498,6 +131,41 @@ def _tool_call(item: Mapping[str, Any]) -> ToolCall | None:
         type=kind,
         item_id=as_str(item.get("id")),
     )
+
+
+def _hosted_call(item: Mapping[str, Any]) -> HostedToolCall | None:
+    """A built-in tool call the provider ran (`web_search_call`, `mcp_call`, ...), with what it returned."""
+    item_type = item.get("type")
+    if (
+        not isinstance(item_type, str)
+        or not item_type.endswith("_call")
+        or item_type in _AGENT_TOOL_TYPES
+        or item_type in _CLIENT_CALL_TYPES
+    ):
+        return None
+    results = {key: item[key] for key in _HOSTED_RESULT_KEYS if item.get(key) is not None}
+    return HostedToolCall(
+        type=item_type,
+        call_id=as_str(item.get("call_id")) or as_str(item.get("id")),
+        name=as_str(item.get("name")) or item_type.removesuffix("_call"),
+        arguments=_call_arguments(item),
+        result=results or None,
+        status=as_str(item.get("status")),
+    )
+
+
+def _call_arguments(item: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A built-in call's input: its `arguments`, its `action`, its `code` or its `queries`; None when it has none."""
+    if "arguments" in item:
+        return parse_arguments(item.get("arguments"))
+    action = item.get("action")
+    if isinstance(action, Mapping):
+        return dict(action)
+    if isinstance(item.get("code"), str):
+        return {"code": item["code"]}
+    if isinstance(item.get("queries"), list):
+        return {"queries": list(item["queries"])}
+    return None
 
 
 def _reasoning(items: list[Mapping[str, Any]]) -> tuple[list[str], int]:
@@ -556,12 +224,6 @@ def _served_item_ids(items: list[Mapping[str, Any]]) -> list[str]:
     return list(ids)
 
 
-def _int_list(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return list(value)
-    return None
-
-
 def _token_ids(
     response: Mapping[str, Any], items: list[Mapping[str, Any]]
 ) -> tuple[list[int] | None, list[int] | None]:
@@ -570,14 +232,14 @@ def _token_ids(
     NeMo Gym's training items put `prompt_token_ids`/`generation_token_ids` on the last item of a
     generation; with several carriers the ids cannot be assigned to this call without guessing.
     """
-    prompt = _int_list(response.get("prompt_token_ids"))
-    completion = _int_list(response.get("token_ids"))
-    carriers = [item for item in items if _int_list(item.get("generation_token_ids")) is not None]
+    prompt = token_ids(response.get("prompt_token_ids"))
+    completion = token_ids(response.get("token_ids"))
+    carriers = [item for item in items if token_ids(item.get("generation_token_ids")) is not None]
     if len(carriers) == 1:
         if prompt is None:
-            prompt = _int_list(carriers[0].get("prompt_token_ids"))
+            prompt = token_ids(carriers[0].get("prompt_token_ids"))
         if completion is None:
-            completion = _int_list(carriers[0].get("generation_token_ids"))
+            completion = token_ids(carriers[0].get("generation_token_ids"))
     return prompt, completion
 
 
@@ -587,11 +249,38 @@ class ResponsesDialect:
     name: ClassVar[str] = "responses"
     paths: ClassVar[frozenset[str]] = frozenset({"/v1/responses"})
     path_suffixes: ClassVar[tuple[str, ...]] = ("/responses",)
+    provider: ClassVar[str] = "openai"
     max_tokens_keys: ClassVar[tuple[str, ...]] = ("max_output_tokens",)
 
     def stream_assembler(self) -> ResponsesAssembler:
         """Return a fresh assembler for one stream."""
         return ResponsesAssembler()
+
+    def error_body(self, message: str, code: str, status: int) -> bytes:
+        """Return an error body in OpenAI's shape, which the Responses API shares."""
+        return openai_error_body(message, code, status)
+
+    def request_items(
+        self, request: Mapping[str, Any], memo: dict[bytes, list[HistoryItem]] | None = None
+    ) -> list[HistoryItem] | None:
+        """Return the request's `instructions` and `input` as items (see `dialects.history`)."""
+        return responses_items.request_items(request, memo)
+
+    def response_outputs(self, response: Mapping[str, Any]) -> list[list[HistoryItem]] | None:
+        """Return the response's `output` as one list of items."""
+        return responses_items.response_outputs(response)
+
+    def fingerprint_request_items(self, request: Mapping[str, Any]) -> list[Any] | None:
+        """Return the raw `input` items the content fingerprint reads."""
+        return responses_items.fingerprint_request_items(request)
+
+    def fingerprint_outputs(self, response: Mapping[str, Any]) -> list[list[Any]] | None:
+        """Return the raw `output` list."""
+        return responses_items.fingerprint_outputs(response)
+
+    def continued_response_id(self, request: Mapping[str, Any]) -> str | None:
+        """Return the `previous_response_id` the request continues server-side, or None."""
+        return responses_items.continued_response_id(request)
 
     def normalize(self, response: Mapping[str, Any]) -> Normalized:
         """Normalize a Responses object or error body; never raises, whatever the JSON."""

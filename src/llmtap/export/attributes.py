@@ -7,7 +7,7 @@ have no name for (the rollout, the call's place in it, the error category).
 
 from __future__ import annotations
 
-from ..capsule.semconv import SEMCONV_VERSION
+from .semconv import SEMCONV_VERSION
 
 __all__ = [
     "CONTENT_SWITCH_ENV",

@@ -8,7 +8,7 @@ of `model_call_id`, so sending a call twice gives the same span (collectors dedu
 overwrite it) instead of a second one.
 
 Attributes come from the normalized `ModelCallRecord`; message content, only when asked for, comes
-from the dialects' provider-neutral items (`dialects.history`), written as the conventions' JSON
+from the dialects' provider-neutral items (`export.genai.genai_messages`), written as the conventions' JSON
 `gen_ai.input.messages` / `gen_ai.output.messages`. Unknown stays absent, never 0 or "".
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -26,10 +26,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from .. import __version__
-from ..capsule import genai as capsule_genai
-from ..dialects.history import HistoryItem, request_items, response_outputs
 from ..records import ModelCallRecord
 from . import attributes as names
+from .genai import genai_messages, sampling_attributes
 
 __all__ = [
     "content_capture_enabled",
@@ -49,7 +48,6 @@ _OPERATION = "chat"  # the three dialects (Responses, Chat Completions, Messages
 # The API family a dialect speaks, when the capture point did not name a provider.
 _DIALECT_PROVIDER = {"chat": "openai", "responses": "openai", "messages": "anthropic"}
 _SCOPE = InstrumentationScope("llmtap", __version__, names.SCHEMA_URL)
-_ITEM_FINISH = {"tool_calls": "tool_call"}
 
 
 def trace_id_for_rollout(rollout_id: str) -> int:
@@ -167,47 +165,6 @@ def span_attributes(record: ModelCallRecord, rollout_id: str, *, content: bool =
     return attributes
 
 
-def genai_messages(record: ModelCallRecord) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Return (input messages, output messages) in the conventions' role-plus-parts shape.
-
-    Read from the dialects' items: consecutive items of one role form one message; each chat
-    choice is its own output message. Empty lists when the payloads are unknown.
-    """
-    inputs = _messages(request_items(record.dialect, record.request) or [])
-    outputs: list[dict[str, Any]] = []
-    finish = _ITEM_FINISH.get(record.finish_reason_normalized or "", record.finish_reason_normalized)
-    for served in response_outputs(record.dialect, record.response) or []:
-        for message in _messages(served, default_role="assistant"):
-            if finish is not None:
-                message["finish_reason"] = finish
-            outputs.append(message)
-    return inputs, outputs
-
-
-def _messages(items: Iterable[HistoryItem], *, default_role: str = "user") -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
-    for item in items:
-        role = item.get("role") or default_role
-        part = _part(item)
-        if messages and messages[-1]["role"] == role and item.get("type") != "tool_result":
-            messages[-1]["parts"].append(part)
-        else:
-            messages.append({"role": role, "parts": [part]})
-    return messages
-
-
-def _part(item: HistoryItem) -> dict[str, Any]:
-    kind = item.get("type")
-    if kind == "tool_call":
-        return {"type": "tool_call", "id": item.get("call_id"), "name": item.get("name"), "arguments": item.get("arguments")}
-    if kind == "tool_result":
-        return {"type": "tool_call_response", "id": item.get("call_id"), "response": item.get("text")}
-    if kind == "reasoning":
-        return {"type": "reasoning", "content": item.get("text") or ""}
-    part: dict[str, Any] = {"type": "text", "content": item.get("text") or ""}
-    return part
-
-
 def _request_model(record: ModelCallRecord) -> str | None:
     # Every dialect names the requested model in the request's top-level `model`.
     model = record.request.get("model") if record.request is not None else None
@@ -221,8 +178,7 @@ def _response_model(record: ModelCallRecord) -> str | None:
 
 def _request_sampling(request: Mapping[str, Any], attributes: dict[str, Any]) -> None:
     """The request's sampling attributes, read by the capsule's GenAI projection (one reader of them)."""
-    found: dict[str, Any] = {}
-    capsule_genai._sampling(request, found)
+    found = sampling_attributes(request)
     for name in names.SAMPLING_ATTRIBUTES:
         if name in found:
             attributes[name] = found[name]

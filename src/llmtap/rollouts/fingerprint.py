@@ -16,8 +16,9 @@ calls unreadable raises `UnreadableContent`, which every caller turns into an ab
 
 The same turn in chat, Responses and Anthropic shape feeds the same fields, so it fingerprints
 identically. Which list of raw items a request or response holds is provider knowledge and lives
-in `dialects.history` (`fingerprint_request_items`, `fingerprint_outputs`); this module applies
-the page's rules to whatever items it is given.
+in `dialects.history` (`fingerprint_request_items`, `fingerprint_outputs`), as does where each
+item shape keeps its text parts and tool calls (`dialects.content`); this module applies the
+page's canonical forms and bytes to what they read.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from typing import Any
 
 import orjson
 
+from ..dialects.content import UnreadableContent, content_parts, tool_calls
 from ..dialects.history import fingerprint_outputs, fingerprint_request_items
-from ..errors import LlmtapError
 
 __all__ = [
     "FINGERPRINT_VERSION",
@@ -51,14 +52,6 @@ FINGERPRINT_VERSION = 2
 
 _DOMAIN = b"nemo-gym-lineage"
 _PART_TYPE, _PART_PAYLOAD, _CALL_ID, _CALL_NAME, _CALL_ARGUMENTS = b"\x00", b"\x01", b"\x02", b"\x03", b"\x04"
-_TEXT_TYPES = frozenset({"", "text", "input_text", "output_text"})
-_SKIPPED_BLOCK_TYPES = frozenset({"tool_use", "tool_result"})
-
-
-class UnreadableContent(LlmtapError, ValueError):
-    """Raised when items cannot be fingerprinted by the page's rules; the witness abstains with the reason."""
-
-
 @dataclass(frozen=True, slots=True)
 class ItemContent:
     """What one model-authored item feeds the hash: typed content parts, then tool calls."""
@@ -106,85 +99,14 @@ def canonical_arguments(value: Any) -> str:
     return canonical_json(value)
 
 
-def _content_parts(content: Any) -> list[tuple[str, str]]:
-    if content is None:
-        return []
-    if isinstance(content, str):
-        return [("text", content)] if content else []
-    if not isinstance(content, list):
-        raise UnreadableContent(f"An item's content is a {type(content).__name__}, not a string or a list of parts.")
-    parts: list[tuple[str, str]] = []
-    for block in content:
-        if isinstance(block, str):
-            if block:
-                parts.append(("text", block))
-            continue
-        if not isinstance(block, dict):
-            raise UnreadableContent(f"A content part is a {type(block).__name__}, not a string or an object.")
-        block_type = str(block.get("type") or "")
-        if block_type in _SKIPPED_BLOCK_TYPES:  # tool_use is read as a tool call; tool_result is not model output
-            continue
-        text = block.get("text")
-        if block_type in _TEXT_TYPES and isinstance(text, str):
-            if text:
-                parts.append(("text", text))
-            continue
-        if not block_type:
-            raise UnreadableContent("A content part has neither a type nor a string text.")
-        parts.append((block_type, canonical_json(block)))
-    return parts
-
-
-def _str_or_empty(value: Any) -> str:
-    """The page's `str(x or "")` for ids: a falsy id is no id."""
-    return str(value or "")
-
-
-def _tool_calls(item: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    calls: list[tuple[str, str, str]] = []
-    if item.get("type") == "function_call":
-        name = str(item.get("name", ""))
-        namespace = item.get("namespace")
-        if namespace:  # a namespaced tool is flattened to `<namespace>__<name>` on its way to the backend
-            name = f"{namespace}__{name}"
-        call_id = _str_or_empty(item.get("call_id") or item.get("id"))
-        calls.append((call_id, name, canonical_arguments(item.get("arguments"))))
-    content = item.get("content")
-    if isinstance(content, list):
-        for block in content:
-            if isinstance(block, dict) and block.get("type") == "tool_use":
-                calls.append(
-                    (
-                        _str_or_empty(block.get("id")),
-                        str(block.get("name", "")),
-                        canonical_arguments(block.get("input")),
-                    )
-                )
-    chat_calls = item.get("tool_calls")
-    if not chat_calls:
-        return calls
-    if not isinstance(chat_calls, list):
-        raise UnreadableContent(f"A message's tool_calls is a {type(chat_calls).__name__}, not a list.")
-    for element in chat_calls:
-        element = element or {}
-        if not isinstance(element, dict):
-            raise UnreadableContent(f"A tool_calls element is a {type(element).__name__}, not an object.")
-        function = element.get("function") or {}
-        if not isinstance(function, dict):
-            raise UnreadableContent(f"A tool call's function is a {type(function).__name__}, not an object.")
-        calls.append(
-            (
-                _str_or_empty(element.get("id")),
-                str(function.get("name", "")),
-                canonical_arguments(function.get("arguments")),
-            )
-        )
-    return calls
-
-
 def read_item(item: Mapping[str, Any]) -> ItemContent:
     """Read one item's content parts and tool calls as the hash sees them; raises UnreadableContent."""
-    return ItemContent(tuple(_content_parts(item.get("content"))), tuple(_tool_calls(item)))
+    parts = tuple(
+        (part_type, payload if part_type == "text" and isinstance(payload, str) else canonical_json(payload))
+        for part_type, payload in content_parts(item.get("content"))
+    )
+    calls = tuple((call_id, name, canonical_arguments(arguments)) for call_id, name, arguments in tool_calls(item))
+    return ItemContent(parts, calls)
 
 
 def _feed(hasher: Any, tag: bytes, value: str) -> None:

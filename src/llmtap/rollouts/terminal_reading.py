@@ -17,6 +17,7 @@ from functools import cached_property
 from typing import Any
 
 from ..dialects import DIALECTS, Dialect, Normalized
+from ..dialects.base import token_ids
 from ..dialects.history import fingerprint_outputs, fingerprint_request_items
 from .fingerprint import (
     UnreadableContent,
@@ -132,9 +133,8 @@ def _dialect_named(name: object) -> Dialect | None:
 
 
 def _token_ids(value: Any) -> tuple[int, ...] | None:
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return tuple(value)
-    return None
+    ids = token_ids(value)  # the dialects' one rule: non-negative ints, else unknown
+    return None if ids is None else tuple(ids)
 
 
 def _length(value: Any) -> int | None:

@@ -44,7 +44,7 @@ from ..correlation.sampling import (
     resolve_sampling_segment,
     split_sampling_segment,
 )
-from ..dialects import Dialect, dialect_for_path
+from ..dialects import Dialect, dialect_for_path, get_dialect
 from ..errors import InvalidRolloutIdError
 from ..exchange import Exchange, new_model_call_id, safe_headers
 from ..health import HEALTH, CaptureHealth
@@ -137,13 +137,13 @@ class CaptureMiddleware:
         # encoded character anywhere in the prefix fails validation here.
         target = _raw_target(scope)
         if not target.startswith(_CORRELATION_PREFIXES):
-            await self._refuse_path(send, "its /ng-rollout/ or /ng-sampling/ prefix is percent-encoded")
+            await self._refuse_path(send, "its /ng-rollout/ or /ng-sampling/ prefix is percent-encoded", target)
             return
         try:
             rollout_id, rest = split_rollout_prefix(target)
         except InvalidRolloutIdError as exc:
             self.health.count("rejected_rollout_ids")
-            await _send_json_error(send, 400, str(exc), "invalid_rollout_id")
+            await _send_json_error(send, 400, str(exc), "invalid_rollout_id", dialect_for_path(target, exact=False))
             return
         try:
             segment, rest = split_sampling_segment(rest)
@@ -153,7 +153,7 @@ class CaptureMiddleware:
             rest = "/" + rest[len(MODEL_SAMPLING_PREFIX) :].partition("/")[2]
         decoded_rest = unquote(rest)
         if decoded_rest.startswith(_CORRELATION_PREFIXES) != rest.startswith(_CORRELATION_PREFIXES):
-            await self._refuse_path(send, "a /ng-sampling/ prefix in it is percent-encoded")
+            await self._refuse_path(send, "a /ng-sampling/ prefix in it is percent-encoded", target)
             return
         inner_scope = {**scope, "path": decoded_rest, "raw_path": rest.encode("latin-1")}
         dialect = dialect_for_path(decoded_rest)
@@ -165,10 +165,11 @@ class CaptureMiddleware:
         call.scope[EXCHANGE_SCOPE_KEY] = call.exchange
         await call.run(receive, send, segment, header_segment, segment_error)
 
-    async def _refuse_path(self, send: Send, why: str) -> None:
+    async def _refuse_path(self, send: Send, why: str, target: str) -> None:
         self.health.count("rejected_paths")
         await _send_json_error(
-            send, 400, f"The request path was refused: {why}. Send the prefix unencoded.", "invalid_path"
+            send, 400, f"The request path was refused: {why}. Send the prefix unencoded.", "invalid_path",
+            dialect_for_path(target, exact=False),
         )
 
 
@@ -438,7 +439,7 @@ class _CapturedCall:
 
     async def _reject(self, send: Send, rejected: _RejectedRequest) -> None:
         self.exchange.status_code = 400
-        payload = _error_body(str(rejected), "invalid_model_sampling")
+        payload = _error_body(str(rejected), "invalid_model_sampling", 400, self.dialect)
         self.exchange.response_headers = {"content-type": "application/json"}
         self.exchange.add_response_chunk(payload)
         self.finished = True
@@ -546,8 +547,9 @@ def _with_content_length(scope: Scope, length: int) -> Scope:
     return {**scope, "headers": headers}
 
 
-def _error_body(message: str, code: str) -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "code": code}})
+def _error_body(message: str, code: str, status: int, dialect: Dialect | None) -> bytes:
+    # The call's own provider shape, so its SDK reads the error; OpenAI's before a path names one.
+    return (dialect or get_dialect("chat")).error_body(message, code, status)
 
 
 async def _send_body(send: Send, status: int, payload: bytes) -> None:
@@ -561,5 +563,5 @@ async def _send_body(send: Send, status: int, payload: bytes) -> None:
     await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
-async def _send_json_error(send: Send, status: int, message: str, code: str) -> None:
-    await _send_body(send, status, _error_body(message, code))
+async def _send_json_error(send: Send, status: int, message: str, code: str, dialect: Dialect | None = None) -> None:
+    await _send_body(send, status, _error_body(message, code, status, dialect))

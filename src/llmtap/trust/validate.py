@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from ..capsule.genai import RECORD_SCHEMA_VERSION
+from ..export.genai import RECORD_SCHEMA_VERSION
 from ..records import SCHEMA_VERSION as CAPTURE_SCHEMA_VERSION
 from ..records import ModelCallRecord
 from .bundle_format import BundleLimits

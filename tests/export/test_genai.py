@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmtap.capsule.genai import SEMCONV_VERSION, genai_record
+from llmtap.export.genai import SEMCONV_VERSION, genai_record
 from llmtap.exchange import Exchange
 from llmtap.records import ModelCallRecord, raw_line_from_exchange
 from tests.fixtures import RecordedExchange, all_fixtures, fixture
