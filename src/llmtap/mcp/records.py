@@ -29,7 +29,6 @@ import fcntl
 import hashlib
 import hmac
 import os
-import stat
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
@@ -39,8 +38,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from ..errors import LlmtapError
-from ..store.durable import FILE_MODE, open_for_append, sync_data, sync_directory, write_all
+from ..errors import LlmtapError, UnsafeCaptureFileError
+from ..store.durable import open_for_append, sync_data, sync_directory, write_all
 
 __all__ = [
     "RECORD_KIND",
@@ -260,23 +259,6 @@ class CountingToolCallSink:
         return None
 
 
-def _open_regular_file(path: str, flags: int) -> int:
-    """Open without following a link or blocking on a FIFO, and refuse anything but a regular file."""
-    fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, FILE_MODE)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
-            raise ToolCallSinkError(
-                f"Refusing to record tool calls into {path!r}: it is not a regular file with one name; "
-                "give a path to a new or plain file."
-            )
-        os.set_blocking(fd, True)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 class JsonlToolCallSink:
     """Appends records to a JSONL file: one write per batch, under a lock, fsynced before returning.
 
@@ -301,8 +283,8 @@ class JsonlToolCallSink:
         if self._fd is None:
             try:
                 existed = self.path.exists()
-                self._fd = open_for_append(str(self.path), open_file=_open_regular_file)
-            except OSError as exc:
+                self._fd = open_for_append(str(self.path))
+            except (OSError, UnsafeCaptureFileError) as exc:
                 raise ToolCallSinkError(
                     f"Could not open the tool-call record file {str(self.path)!r} ({type(exc).__name__}): "
                     "check that its directory exists and that it is not a link."
