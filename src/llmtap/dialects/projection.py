@@ -40,7 +40,7 @@ __all__ = [
     "endpoint_for_path",
     "request_part",
     "request_projection",
-    "response_outcome",
+    "response_text",
     "stable_hash",
 ]
 
@@ -95,7 +95,10 @@ def endpoint_for_path(path: str) -> str | None:
     return dialect.name if dialect is not None else None
 
 
-def _without(item: Mapping[str, Any], keys: frozenset[str]) -> dict[str, Any]:
+def _without(item: Mapping[str, Any], keys: frozenset[str]) -> Mapping[str, Any]:
+    """The item without `keys`; the item itself (shared, not copied) when it has none of them."""
+    if keys.isdisjoint(item):
+        return item
     return {key: value for key, value in item.items() if key not in keys}
 
 
@@ -111,9 +114,12 @@ def _chat_messages(messages: Any) -> Any:
         trimmed = _without(message, rules["message"])
         calls = trimmed.get("tool_calls")
         if isinstance(calls, list):
-            trimmed["tool_calls"] = [
-                _without(call, rules["message_tool_call"]) if isinstance(call, dict) else call for call in calls
-            ]
+            trimmed = {
+                **trimmed,
+                "tool_calls": [
+                    _without(call, rules["message_tool_call"]) if isinstance(call, dict) else call for call in calls
+                ],
+            }
         result.append(trimmed)
     return result
 
@@ -139,7 +145,7 @@ def _messages_block(block: Any) -> Any:
         drop = drop | rules["thinking_block"]
     trimmed = _without(block, drop)
     if kind == "tool_result" and isinstance(trimmed.get("content"), list):
-        trimmed["content"] = [_messages_block(part) for part in trimmed["content"]]
+        trimmed = {**trimmed, "content": [_messages_block(part) for part in trimmed["content"]]}
     return trimmed
 
 
@@ -177,7 +183,7 @@ def request_projection(endpoint: str | None, body: Mapping[str, Any] | None, raw
     if body is None:
         return {"endpoint": endpoint, "request": None, "request_raw": raw}
     rules = VOLATILE_FIELDS.get(endpoint or "", {"top_level": _COMMON_VOLATILE})
-    projected = _without(body, rules["top_level"])
+    projected = dict(_without(body, rules["top_level"]))
     projected["stream"] = body.get("stream") is True
     if endpoint == "chat":
         if "messages" in projected:
@@ -242,26 +248,45 @@ def conversation_items(endpoint: str | None, request: Mapping[str, Any] | None) 
     return items
 
 
-def response_outcome(endpoint: str | None, response: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Return what a response said, provider-neutral: output text, refusal, tool calls (name and arguments), finish reason.
+def _parts_text(parts: Any, part_type: str | None) -> list[str]:
+    if isinstance(parts, str):
+        return [parts]
+    if not isinstance(parts, list):
+        return []
+    return [
+        part["text"]
+        for part in parts
+        if isinstance(part, dict)
+        and isinstance(part.get("text"), str)
+        and (part_type is None or part.get("type") == part_type)
+    ]
 
-    None when there is no response or no dialect to read it. Ids, timestamps and usage are not
-    part of it: two runs that answered the same way give equal outcomes.
+
+def response_text(endpoint: str | None, response: Mapping[str, Any] | None) -> str | None:
+    """Return a response's answer text (what `normalize` gives as `output_text`), read without a full normalization.
+
+    Diff reads it for every call of two runs, where a full normalization would be most of its
+    cost; a test pins it to `normalize` over every recorded exchange.
     """
-    if response is None or endpoint is None:
+    if not isinstance(response, Mapping):
         return None
-    from . import DIALECTS
-
-    dialect = DIALECTS.get(endpoint)
-    if dialect is None:
-        return None
-    try:
-        normalized = dialect.normalize(response)
-    except Exception:  # noqa: BLE001 - a dialect bug must not stop a comparison
-        return None
-    return {
-        "output_text": normalized.output_text,
-        "refusal": normalized.refusal,
-        "tool_calls": [{"name": call.name, "arguments": call.arguments} for call in normalized.tool_calls],
-        "finish_reason": normalized.finish_reason_normalized,
-    }
+    found: list[str] = []
+    if endpoint == "chat":
+        choices = response.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        message = first.get("message") if isinstance(first, dict) else None
+        if isinstance(message, dict):
+            found = _parts_text(message.get("content"), None)
+    elif endpoint == "responses":
+        output = response.get("output")
+        for item in output if isinstance(output, list) else []:
+            if isinstance(item, dict) and item.get("type") == "message":
+                found.extend(_parts_text(item.get("content"), "output_text"))
+    elif endpoint == "messages":
+        found = [
+            text
+            for text in _parts_text(response.get("content"), "text")
+            if not isinstance(response.get("content"), str)
+        ]
+    text = "".join(found)
+    return text or None

@@ -11,10 +11,9 @@ fields only.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
 from typing import Any
 
-from ..dialects.projection import conversation_items, request_part, response_outcome, stable_hash
+from ..dialects.projection import canonical_bytes, conversation_items, request_part, response_text, stable_hash
 from ..replay.matching import json_differences, match_key, record_projection, short_value
 from .alignment import CallSignature, signature
 
@@ -33,19 +32,81 @@ TOKEN_FIELDS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
 class CallView:
-    """A call read for comparison: the record, its projections and its signature."""
+    """A call read for comparison: the record, its request projection, its answer, and what decides "unchanged".
 
-    record: Any  # ModelCallRecord
-    line: int | None
-    projection: dict[str, Any] | None
-    outcome: dict[str, Any] | None
-    signature: CallSignature
+    `exact` is a hash of everything compared; the alignment `signature` (per-item conversation
+    hashes) is built only when asked for, since rollouts whose calls are all identical never need it.
+    """
+
+    __slots__ = ("_signature", "exact", "line", "outcome", "projection", "record", "request_key")
+
+    def __init__(self, record: Any, line: int | None, *, payloads: bool) -> None:
+        self.record = record
+        self.line = line
+        self._signature: CallSignature | None = None
+        compared: dict[str, Any] = {
+            "model": record.model,
+            "status_code": record.status_code,
+            "error_category": record.error_category,
+            "finish_reason": record.finish_reason_normalized,
+            "tool_calls": _tool_calls(record),
+            "refusal": record.refusal,
+            "tokens": [record.tokens_in, record.tokens_out, record.tokens_reasoning],
+        }
+        self.projection: dict[str, Any] | None = None
+        self.outcome: dict[str, Any] | None = None
+        self.request_key: str | None = None
+        if payloads and (record.request is not None or record.request_raw is not None):
+            self.projection = record_projection(record)
+            self.request_key = match_key(self.projection)
+            self.outcome = {"output_text": response_text(record.dialect, record.response)}
+            compared["request"] = self.request_key
+            compared["output_text"] = self.outcome["output_text"]
+        self.exact = stable_hash(compared)
+
+    @property
+    def signature(self) -> CallSignature:
+        if self._signature is None:
+            self._signature = self._build_signature()
+        return self._signature
+
+    def _build_signature(self) -> CallSignature:
+        record = self.record
+        endpoint = record.dialect
+        if self.projection is None:
+            return signature(
+                endpoint, record.model, None, prefix_length=0, settings=None, request_key=None, exact=self.exact
+            )
+        request = self.projection.get("request")
+        items = conversation_items(endpoint, request)
+        settings = None
+        if isinstance(request, dict):
+            settings = stable_hash(
+                {
+                    key: value
+                    for key, value in request.items()
+                    if request_part(endpoint, key) not in ("conversation", "model")
+                }
+            )
+        return signature(
+            endpoint,
+            record.model,
+            [_item_hash(item) for item in items],
+            prefix_length=_prefix_length(items),
+            settings=settings,
+            request_key=self.request_key,
+            exact=self.exact,
+        )
 
     @property
     def tool_names(self) -> list[str]:
         return [str(call.get("name")) for call in self.record.tool_calls if isinstance(call, dict)]
+
+
+def _item_hash(item: Any) -> str:
+    # Compared within one process only, so the built-in hash of the canonical bytes is enough.
+    return str(hash(canonical_bytes(item)))
 
 
 def _prefix_length(items: list[Any]) -> int:
@@ -66,45 +127,7 @@ def _tool_calls(record: Any) -> list[dict[str, Any]]:
 
 def call_view(record: Any, *, payloads: bool, line: int | None = None) -> CallView:
     """Read one `ModelCallRecord` for comparison; `payloads=False` ignores request and response bodies."""
-    endpoint = record.dialect
-    compared: dict[str, Any] = {
-        "model": record.model,
-        "status_code": record.status_code,
-        "error_category": record.error_category,
-        "finish_reason": record.finish_reason_normalized,
-        "tool_calls": _tool_calls(record),
-        "tokens": [record.tokens_in, record.tokens_out, record.tokens_reasoning],
-    }
-    if not payloads or (record.request is None and record.request_raw is None):
-        exact = stable_hash(compared)
-        sig = signature(endpoint, record.model, None, prefix_length=0, settings=None, request_key=None, exact=exact)
-        return CallView(record, line, None, None, sig)
-    projection = record_projection(record)
-    request = projection.get("request")
-    items = conversation_items(endpoint, request)
-    settings = None
-    if isinstance(request, dict):
-        settings = stable_hash(
-            {
-                key: value
-                for key, value in request.items()
-                if request_part(endpoint, key) not in ("conversation", "model")
-            }
-        )
-    key = match_key(projection)
-    outcome = response_outcome(endpoint, record.response)
-    compared["request"] = key
-    compared["outcome"] = outcome
-    sig = signature(
-        endpoint,
-        record.model,
-        [stable_hash(item) for item in items],
-        prefix_length=_prefix_length(items),
-        settings=settings,
-        request_key=key,
-        exact=stable_hash(compared),
-    )
-    return CallView(record, line, projection, outcome, sig)
+    return CallView(record, line, payloads=payloads)
 
 
 def describe_call(view: CallView) -> dict[str, Any]:
@@ -136,7 +159,7 @@ def _pointer_detail(endpoint: str | None, pointer: str) -> dict[str, Any]:
 
 
 def _request_changes(a: CallView, b: CallView) -> dict[str, Any]:
-    if a.projection is None or b.projection is None or a.signature.request_key == b.signature.request_key:
+    if a.projection is None or b.projection is None or a.request_key == b.request_key:
         return {"parts": [], "differences": [], "more_differences": 0}
     differences, total = json_differences(a.projection, b.projection, limit=MAX_REQUEST_DIFFERENCES)
     endpoint = a.record.dialect

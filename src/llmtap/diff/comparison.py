@@ -156,12 +156,15 @@ def _tools(views: list[CallView]) -> list[str]:
 def compare_rollout(key: str, a: RolloutSide | None, b: RolloutSide | None, *, payloads: bool) -> RolloutComparison:
     """Align and compare one rollout's calls in the two runs (either side may be missing)."""
     views_a, views_b = _views(a, payloads), _views(b, payloads)
-    pairs = align([view.signature for view in views_a], [view.signature for view in views_b])
+    if [view.exact for view in views_a] == [view.exact for view in views_b]:
+        pairs: list[tuple[int | None, int | None]] = [(i, i) for i in range(len(views_a))]
+    else:
+        pairs = align([view.signature for view in views_a], [view.signature for view in views_b])
     counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
     calls: list[dict[str, Any]] = []
     for i, j in pairs:
         if i is not None and j is not None:
-            if views_a[i].signature.exact == views_b[j].signature.exact:
+            if views_a[i].exact == views_b[j].exact:
                 counts["unchanged"] += 1
                 continue
             counts["changed"] += 1
