@@ -23,6 +23,8 @@ __all__ = [
     "write_run",
 ]
 
+WITH_PAYLOADS = AttachOptions(trajectory=False, include_payloads=True)
+
 # Rollouts of real agent turns: a tool call, then the follow-up carrying the tool result.
 AGENT_ROLLOUTS: dict[str, list[str]] = {
     "0-0": ["chat/tool-call-gpt4o", "chat/tool-result-followup-gpt4o"],
@@ -98,13 +100,22 @@ def write_capsule(root: Path, rollouts: dict[str, list[dict[str, Any]]]) -> Path
 
 
 def write_rows(
-    path: Path, capture_dir: Path, rewards: dict[str, float], *, extra: dict[str, dict[str, Any]] | None = None
+    path: Path,
+    capture_dir: Path,
+    rewards: dict[str, float],
+    *,
+    extra: dict[str, dict[str, Any]] | None = None,
+    options: AttachOptions = WITH_PAYLOADS,
 ) -> Path:
-    """Collect-style rows (one per rollout, with a reward) attached to a capture directory by the real `attach_file`."""
+    """Collect-style rows (one per rollout, with a reward) attached to a capture directory by the real `attach_file`.
+
+    By default the attached calls keep their payloads; `AttachOptions()` attaches as `llmtap attach`
+    does by default (payloads moved into the trajectory).
+    """
     source = path.with_suffix(".in.jsonl")
     with source.open("w") as handle:
         for rollout_id, reward in rewards.items():
             row = {"_ng_rollout_id": rollout_id, "reward": reward, **(extra or {}).get(rollout_id, {})}
             handle.write(json.dumps(row) + "\n")
-    attach_file(source, path, capture_dir, options=AttachOptions(trajectory=False, include_payloads=True))
+    attach_file(source, path, capture_dir, options=options)
     return path

@@ -312,3 +312,29 @@ def test_thresholds_without_the_gate_are_a_usage_error(run_a: Path) -> None:
         main, ["diff", str(run_a), str(run_a), "--assert-no-regressions", "--max-token-increase", "ten"]
     )
     assert result.exit_code == 2 and "is not a threshold" in result.output
+
+
+def test_rows_attached_without_payloads_compare_on_normalized_fields(tmp_path: Path, run_a: Path) -> None:
+    from llmtap.rollouts.attach import AttachOptions
+
+    rewards = {"0-0": 1.0, "0-1": 1.0, "1-0": 1.0, "1-1": 1.0}
+    rows_a = write_rows(tmp_path / "a.jsonl", run_a, rewards, options=AttachOptions())
+    rollouts = agent_run()
+    del rollouts["0-0"][1]
+    rows_b = write_rows(tmp_path / "b.jsonl", write_run(tmp_path / "b", rollouts), rewards, options=AttachOptions())
+    code, payload = diff_json(rows_a, rows_b, "--assert-no-regressions")
+    assert payload["payloads"] is False
+    assert payload["notes"] == [
+        "request and response payloads are absent on one side: calls compare on normalized fields only"
+    ]
+    assert code == 1 and codes(payload) == ["call_removed"]
+    assert payload["summary"]["calls"] == {"unchanged": 6, "changed": 0, "added": 0, "removed": 1}
+
+
+def test_runs_are_found_by_id_and_latest_under_the_runs_directory(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    first = write_capsule(runs / "01ARZ3NDEKTSV4RRFFQ69G5FAV", agent_run())
+    write_capsule(runs / "01ARZ3NDEKTSV4RRFFQ69G5FAW", agent_run())
+    code, payload = diff_json("01ARZ3NDEKTSV4RRFFQ69G5FAV", "latest", "--runs-dir", runs, "--assert-no-regressions")
+    assert code == 0
+    assert payload["a"]["path"] == str(first) and payload["b"]["path"].endswith("01ARZ3NDEKTSV4RRFFQ69G5FAW")

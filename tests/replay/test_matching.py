@@ -282,3 +282,13 @@ def test_an_index_opens_a_capsule_and_refuses_a_link(tmp_path: Path) -> None:
         RecordingIndex.from_path(fake)
     with pytest.raises(RecordingError, match="does not exist"):
         RecordingIndex.from_path(tmp_path / "missing")
+
+
+def test_concurrent_requests_of_one_rollout_each_get_a_distinct_recorded_call() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    basic = fixture("chat/text-basic-gpt4o")
+    index = RecordingIndex.from_records({"r": [record(line_for(basic, rollout_id="r"), n) for n in range(64)]})
+    with ThreadPoolExecutor(8) as pool:
+        found = list(pool.map(lambda _: index.match("r", basic.request_json, endpoint="chat"), range(64)))
+    assert sorted(call.call_index for call in found if isinstance(call, RecordedCall)) == list(range(64))

@@ -75,7 +75,8 @@ def diff(
     from ..diff.comparison import compare_runs
     from ..diff.gate import GateOptions, evaluate_gate
     from ..diff.render import render_github, render_text, to_json
-    from ..diff.sources import DiffInputError, open_source
+    from ..diff.sources import open_source
+    from ..errors import LlmtapError
 
     if (
         allow_added or max_token_increase is not None or max_latency_p95_increase is not None
@@ -85,10 +86,12 @@ def diff(
         )
     output = "json" if as_json else output_format or "text"
     try:
-        source_a = open_source(run_a, key_fields=key_fields, runs_dir=runs_dir)
-        source_b = open_source(run_b, key_fields=key_fields, runs_dir=runs_dir)
-        comparison = compare_runs(source_a, source_b)
-    except DiffInputError as exc:
+        with (
+            open_source(run_a, key_fields=key_fields, runs_dir=runs_dir) as source_a,
+            open_source(run_b, key_fields=key_fields, runs_dir=runs_dir) as source_b,
+        ):
+            comparison = compare_runs(source_a, source_b)
+    except LlmtapError as exc:  # DiffInputError, or a store that could not be read
         click.echo(f"Error: the runs are not comparable: {exc}", err=True)
         sys.exit(EXIT_NOT_COMPARABLE)
     gate = None

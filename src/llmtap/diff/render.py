@@ -16,6 +16,7 @@ __all__ = ["DIFF_SCHEMA", "render_github", "render_text", "to_json"]
 DIFF_SCHEMA = "llmtap.diff/1"
 # How many differing rollouts the text view prints in full.
 MAX_TEXT_ROLLOUTS = 50
+MAX_TEXT_CALLS = 30
 
 
 def _growth(before: float | None, after: float | None) -> dict[str, Any]:
@@ -105,10 +106,8 @@ def _call_lines(call: dict[str, Any]) -> list[str]:
             if difference.get("message_index") is not None
             else difference["part"]
         )
-        lines.append(
-            f"    request {where} {escape(difference['pointer'])}: "
-            f"{escape(str(difference['before']))} → {escape(str(difference['after']))}"
-        )
+        before, after = difference["before"] or "(absent)", difference["after"] or "(absent)"
+        lines.append(f"    request {where} {escape(difference['pointer'])}: {escape(before)} → {escape(after)}")
     if call["request"]["more_differences"]:
         lines.append(f"    … {call['request']['more_differences']} more request differences")
     for line in call["response_text_diff"][2:]:  # the ---/+++ header says nothing here
@@ -158,9 +157,11 @@ def render_text(comparison: RunComparison, gate: GateResult | None, console: Con
             before = " → ".join(rollout.tool_sequence["before"]) or "-"
             after = " → ".join(rollout.tool_sequence["after"]) or "-"
             console.print(f"  tools: {escape(before)}  ⇒  {escape(after)}")
-        for call in rollout.calls:
+        for call in rollout.calls[:MAX_TEXT_CALLS]:
             for line in _call_lines(call):
                 console.print(line, highlight=False)
+        if len(rollout.calls) > MAX_TEXT_CALLS:
+            console.print(f"  … {len(rollout.calls) - MAX_TEXT_CALLS} more calls (use --json for all).")
     if len(comparison.rollouts) > MAX_TEXT_ROLLOUTS:
         console.print(f"… {len(comparison.rollouts) - MAX_TEXT_ROLLOUTS} more differing rollouts (use --json for all).")
     console.print(_totals_table(comparison.totals_a, comparison.totals_b))

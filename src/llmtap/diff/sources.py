@@ -13,7 +13,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import orjson
 
@@ -76,6 +76,15 @@ class Source:
     def describe(self) -> dict[str, Any]:
         return {"path": str(self.path), "kind": self.kind, "rollouts": len(self.keys())}
 
+    def close(self) -> None:
+        """Release what the source holds open (nothing for rows)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 class StoreSource(Source):
     """A capture directory (`<rollout_id>.capture.jsonl` files) or a capsule's `calls/`."""
@@ -90,6 +99,9 @@ class StoreSource(Source):
 
     def keys(self) -> list[str]:
         return self._keys
+
+    def close(self) -> None:
+        self._store.close()
 
     def load(self, key: str) -> RolloutSide:
         import llmtap  # the public reader, by its stable name

@@ -281,7 +281,11 @@ class RecordingIndex:
         """Build the index from a capsule (a directory with `calls/`) or a capture directory; links are refused."""
         from ..store import CaptureStore
 
-        return cls.from_store(CaptureStore(recording_calls_dir(Path(path)), create=False))
+        store = CaptureStore(recording_calls_dir(Path(path)), create=False)
+        try:
+            return cls.from_store(store)
+        finally:
+            store.close()
 
     def rollouts(self) -> list[str]:
         """Return the recorded rollout ids, sorted."""
