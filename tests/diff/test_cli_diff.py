@@ -338,3 +338,9 @@ def test_runs_are_found_by_id_and_latest_under_the_runs_directory(tmp_path: Path
     code, payload = diff_json("01ARZ3NDEKTSV4RRFFQ69G5FAV", "latest", "--runs-dir", runs, "--assert-no-regressions")
     assert code == 0
     assert payload["a"]["path"] == str(first) and payload["b"]["path"].endswith("01ARZ3NDEKTSV4RRFFQ69G5FAW")
+
+
+def test_a_key_value_over_the_bound_is_refused(tmp_path: Path, run_a: Path) -> None:
+    rows = write_rows(tmp_path / "a.jsonl", run_a, {"0-0": 1.0}, extra={"0-0": {"task": "x" * 600}})
+    result = CliRunner().invoke(main, ["diff", str(rows), str(rows), "--key", "task"])
+    assert result.exit_code == 2 and "at most 512" in result.output

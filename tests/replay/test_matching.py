@@ -292,3 +292,26 @@ def test_concurrent_requests_of_one_rollout_each_get_a_distinct_recorded_call() 
     with ThreadPoolExecutor(8) as pool:
         found = list(pool.map(lambda _: index.match("r", basic.request_json, endpoint="chat"), range(64)))
     assert sorted(call.call_index for call in found if isinstance(call, RecordedCall)) == list(range(64))
+
+
+def test_a_hostile_nesting_depth_ends_as_one_difference() -> None:
+    from llmtap.replay.matching import MAX_POINTER_DEPTH
+
+    def nested(depth: int, leaf: Any) -> Any:
+        value = leaf
+        for _ in range(depth):
+            value = {"x": value}
+        return value
+
+    listed, total = json_differences(nested(500, 1), nested(500, 2))
+    assert total == 1 and listed[0].pointer == "/x" * MAX_POINTER_DEPTH
+    assert listed[0].before is not None and len(listed[0].before) <= SHORT_VALUE_CHARS
+
+
+def test_an_index_from_a_store_keeps_each_persisted_line(tmp_path: Path) -> None:
+    recorded = fixture("chat/text-stream-include-usage-gpt4")
+    index = RecordingIndex.from_path(write_run(tmp_path / "calls", {"r": [line_for(recorded, rollout_id="r")]}))
+    found = index.match("r", recorded.request_json, endpoint="chat")
+    assert isinstance(found, RecordedCall) and found.line is not None
+    assert found.line["status_code"] == 200 and found.line["response_raw"] == recorded.body_text
+    assert found.line["http"]["response_headers"]["content-type"].startswith("text/event-stream")

@@ -34,6 +34,9 @@ ATTACHMENT_KEY = "ng_model_call_capture"
 # A collect/attach row carrying payloads can be large, but not without bound.
 MAX_ROW_BYTES = 64 * 1024 * 1024
 
+# A --key value is an id or an index, not a document.
+MAX_KEY_CHARS = 512
+
 SourceKind = Literal["capsule", "capture_dir", "rows"]
 
 
@@ -243,7 +246,13 @@ class RowsSource(Source):
                 raise DiffInputError(
                     f"Row {line_number} of '{self.path}' has no {missing[0]!r}; --key must name keys every row carries."
                 )
-            return "|".join(orjson.dumps(row[name]).decode() for name in self._key_fields)
+            key = "|".join(orjson.dumps(row[name]).decode() for name in self._key_fields)
+            if len(key) > MAX_KEY_CHARS:
+                raise DiffInputError(
+                    f"Row {line_number} of '{self.path}' has a --key value of {len(key)} characters; "
+                    f"align by keys of at most {MAX_KEY_CHARS} (an id, an index)."
+                )
+            return key
         rollout_id = attachment.get("rollout_id") if isinstance(attachment, dict) else None
         if isinstance(rollout_id, str) and rollout_id:
             return rollout_id

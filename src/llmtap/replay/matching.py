@@ -45,6 +45,8 @@ __all__ = [
 # How much of a value a difference shows, and how many differences a miss lists.
 SHORT_VALUE_CHARS = 80
 MAX_DIFFERENCES = 12
+# How deep a difference is followed before the rest is shown as one value.
+MAX_POINTER_DEPTH = 64
 # How many recorded calls a miss compares in full when looking for the closest one.
 MAX_CLOSEST_CANDIDATES = 256
 _ABSENT = object()
@@ -114,21 +116,23 @@ def _common_prefix(a: str, b: str) -> int:
     return index
 
 
-def _walk(before: Any, after: Any, pointer: str, out: list[FieldDifference], counter: list[int], limit: int) -> None:
+def _walk(
+    before: Any, after: Any, pointer: str, out: list[FieldDifference], counter: list[int], limit: int, depth: int = 0
+) -> None:
     """Append differences below `pointer` to `out` (at most `limit`); count every one in `counter`."""
     if before is after or (type(before) is type(after) and before == after):
         return
-    if isinstance(before, dict) and isinstance(after, dict):
+    # Below MAX_POINTER_DEPTH a hostile nesting ends as one difference, never a RecursionError.
+    if depth < MAX_POINTER_DEPTH and isinstance(before, dict) and isinstance(after, dict):
         for key in sorted(before.keys() | after.keys(), key=str):
-            _walk(
-                before.get(key, _ABSENT), after.get(key, _ABSENT), f"{pointer}/{_escape(str(key))}", out, counter, limit
-            )
+            left, right = before.get(key, _ABSENT), after.get(key, _ABSENT)
+            _walk(left, right, f"{pointer}/{_escape(str(key))}", out, counter, limit, depth + 1)
         return
-    if isinstance(before, list) and isinstance(after, list):
+    if depth < MAX_POINTER_DEPTH and isinstance(before, list) and isinstance(after, list):
         for index in range(max(len(before), len(after))):
             left = before[index] if index < len(before) else _ABSENT
             right = after[index] if index < len(after) else _ABSENT
-            _walk(left, right, f"{pointer}/{index}", out, counter, limit)
+            _walk(left, right, f"{pointer}/{index}", out, counter, limit, depth + 1)
         return
     counter[0] += 1
     if len(out) >= limit:
@@ -165,6 +169,8 @@ class RecordedCall:
     occurrence: int
     projection: dict[str, Any] = field(repr=False)
     record: Any = field(repr=False)  # ModelCallRecord
+    # The persisted capture line, when read from a store: what a replay answers with.
+    line: Mapping[str, Any] | None = field(default=None, repr=False)
 
     @property
     def endpoint(self) -> str | None:
@@ -260,21 +266,33 @@ class RecordingIndex:
     def from_records(
         cls, records_by_rollout: Mapping[str, Iterable[Any]], *, unreadable_lines: int = 0
     ) -> RecordingIndex:
-        """Build the index from `ModelCallRecord`s per rollout, each rollout's in call order."""
-        return cls(_recorded_calls(records_by_rollout), unreadable_lines=unreadable_lines)
+        """Build the index from `ModelCallRecord`s per rollout, each rollout's in call order (no persisted lines)."""
+        pairs = {
+            rollout_id: [(record, None) for record in records] for rollout_id, records in records_by_rollout.items()
+        }
+        return cls(_recorded_calls(pairs), unreadable_lines=unreadable_lines)
 
     @classmethod
     def from_store(cls, store: Any, rollout_ids: Iterable[str] | None = None) -> RecordingIndex:
-        """Build the index from a `CaptureStore`, read tolerantly (damaged lines are counted in `unreadable_lines`)."""
-        import llmtap  # the public reader, by its stable name
+        """Build the index from a `CaptureStore`, read tolerantly (damaged lines are counted in `unreadable_lines`).
 
-        records: dict[str, list[Any]] = {}
+        Each recorded call keeps its persisted line (`RecordedCall.line`: status, headers, raw
+        stream text), which a replay answers with.
+        """
+        from ..records import ModelCallRecord
+
+        pairs: dict[str, list[tuple[Any, Mapping[str, Any] | None]]] = {}
         unreadable = 0
         for rollout_id in store.rollouts() if rollout_ids is None else rollout_ids:
-            calls = llmtap.read_rollout_calls(store, rollout_id)
-            records[rollout_id] = calls.records
-            unreadable += len(calls.unreadable_lines)
-        return cls.from_records(records, unreadable_lines=unreadable)
+            result = store.read(rollout_id)
+            unreadable += len(result.invalid_lines)
+            found = pairs.setdefault(rollout_id, [])
+            for call_index, line in result.entries:
+                try:
+                    found.append((ModelCallRecord.from_raw_line(line, call_index), line))
+                except ValueError:  # not a capture record: counted, its call_index stays used
+                    unreadable += 1
+        return cls(_recorded_calls(pairs), unreadable_lines=unreadable)
 
     @classmethod
     def from_path(cls, path: str | os.PathLike[str]) -> RecordingIndex:
@@ -368,15 +386,17 @@ class RecordingIndex:
         )
 
 
-def _recorded_calls(records_by_rollout: Mapping[str, Iterable[Any]]) -> Iterator[RecordedCall]:
-    for rollout_id, records in records_by_rollout.items():
+def _recorded_calls(
+    pairs_by_rollout: Mapping[str, list[tuple[Any, Mapping[str, Any] | None]]],
+) -> Iterator[RecordedCall]:
+    for rollout_id, pairs in pairs_by_rollout.items():
         seen: dict[str, int] = {}
-        for record in sorted(records, key=lambda record: record.call_index):
+        for record, line in sorted(pairs, key=lambda pair: pair[0].call_index):
             projection = record_projection(record)
             key = match_key(projection)
             occurrence = seen.get(key, 0)
             seen[key] = occurrence + 1
-            yield RecordedCall(rollout_id, record.call_index, key, occurrence, projection, record)
+            yield RecordedCall(rollout_id, record.call_index, key, occurrence, projection, record, line)
 
 
 def recording_calls_dir(path: Path) -> Path:
