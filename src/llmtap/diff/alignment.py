@@ -5,7 +5,9 @@ Each call is reduced to a `CallSignature`: endpoint, model, a hash of its conver
 conversation, a hash of its other settings (tools, format, sampling), its request match key and
 a hash of everything compared. The alignment is the heaviest common subsequence under
 `similarity`: calls pair in order, only when similar enough (`PAIR_THRESHOLD`), maximizing the
-summed similarity, identical calls weighing most. Removed calls that face added ones at the
+summed similarity above a baseline just under the threshold (so two weak pairs never outweigh
+one strong one),
+identical calls weighing most. Removed calls that face added ones at the
 same place were replaced in place and pair at a lower bar (`REPLACE_THRESHOLD`). Cost is bounded: identical heads and tails are
 trimmed first, a full dynamic programme runs only up to `MAX_CELLS` cells, and longer middles are
 cut at calls that occur once in each run (patience anchors) or, failing that, aligned in
@@ -22,8 +24,10 @@ from dataclasses import dataclass
 __all__ = ["MAX_CELLS", "PAIR_THRESHOLD", "CallSignature", "align", "signature", "similarity"]
 
 PAIR_THRESHOLD = 0.55
+# A pair scores its similarity less (threshold - PAIR_MARGIN): weak pairs add little.
+PAIR_MARGIN = 0.1
 # Calls replaced in place (removed ones facing added ones between two pairs) pair from this score.
-REPLACE_THRESHOLD = 0.25
+REPLACE_THRESHOLD = 0.1
 MAX_CELLS = 250_000
 CHUNK = 400
 _IDENTICAL = 2.0
@@ -87,9 +91,9 @@ def similarity(a: CallSignature, b: CallSignature) -> float:
         # No payloads: nothing tells calls apart but model and position, so same-model calls may pair.
         return score + (0.75 if a.items is None and b.items is None else 0.0)
     score += 0.45 * (a.prefix == b.prefix)
-    score += 0.15 * _overlap(a, b)
-    longest = max(len(a.items), len(b.items))
-    score += 0.15 * (min(len(a.items), len(b.items)) / longest if longest else 1.0)
+    if a.items or b.items:  # two empty remainders say nothing about each other
+        score += 0.15 * _overlap(a, b)
+        score += 0.15 * min(len(a.items), len(b.items)) / max(len(a.items), len(b.items))
     return score
 
 
@@ -189,6 +193,7 @@ def _heaviest(
     n, m = a1 - a0, b1 - b0
     if n == 0 or m == 0:
         return [(i, None) for i in range(a0, a1)] + [(None, j) for j in range(b0, b1)]
+    baseline = threshold - PAIR_MARGIN
     score = [[0.0] * (m + 1) for _ in range(n + 1)]
     move = [[0] * (m + 1) for _ in range(n + 1)]  # 0 skip a call of a, 1 skip one of b, 2 pair them
     for j in range(1, m + 1):
@@ -201,8 +206,9 @@ def _heaviest(
             if row[j - 1] > best:
                 best, step = row[j - 1], 1
             weight = similarity(left, b[b0 + j - 1])
-            if weight >= threshold and above[j - 1] + weight >= best:
-                best, step = above[j - 1] + weight, 2
+            # Scored by the excess over a baseline, so two weak pairs never outweigh one strong pair.
+            if weight >= threshold and above[j - 1] + weight - baseline >= best:
+                best, step = above[j - 1] + weight - baseline, 2
             row[j] = best
             move[i][j] = step
     pairs: list[Pair] = []

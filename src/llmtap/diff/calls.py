@@ -79,6 +79,8 @@ class CallView:
                 endpoint, record.model, None, prefix_length=0, settings=None, request_key=None, exact=self.exact
             )
         request = self.projection.get("request")
+        requested = request.get("model") if isinstance(request, dict) else None
+        model = requested if isinstance(requested, str) else record.model  # what the agent asked for
         items = conversation_items(endpoint, request)
         settings = None
         if isinstance(request, dict):
@@ -91,7 +93,7 @@ class CallView:
             )
         return signature(
             endpoint,
-            record.model,
+            model,
             [_item_hash(item) for item in items],
             prefix_length=_prefix_length(items),
             settings=settings,
