@@ -59,6 +59,9 @@ def test_a_removed_call_fails_the_gate_and_the_rest_still_pair(tmp_path: Path, r
     assert code == 1
     assert payload["summary"]["calls"] == {"unchanged": 6, "changed": 0, "added": 0, "removed": 1}
     assert codes(payload) == ["call_removed"]
+    (reason,) = payload["gate"]["reasons"]
+    # A removed call exists only in run A: the reason points at its line there.
+    assert reason["file"] == str((run_a / "0-0.capture.jsonl").resolve()) and reason["line"] == 1
     (rollout,) = payload["rollouts"]
     assert rollout["key"] == "0-0" and [c["status"] for c in rollout["calls"]] == ["removed"]
     assert rollout["tool_sequence"] == {"before": ["weather"], "after": []}
@@ -200,7 +203,8 @@ def test_the_json_output_schema_is_pinned(tmp_path: Path, run_a: Path) -> None:
     ]  # fmt: skip
     (rollout,) = payload["rollouts"]
     assert sorted(rollout) == [
-        "call_count", "calls", "counts", "file_b", "key", "reward", "rollout_a", "rollout_b", "status", "tool_sequence"
+        "call_count", "calls", "counts", "file_a", "file_b", "key", "reward", "rollout_a", "rollout_b", "status",
+        "tool_sequence",
     ]  # fmt: skip
     assert rollout["status"] == "removed" and rollout["rollout_b"] is None
     assert sorted(rollout["calls"][0]) == [
@@ -221,6 +225,7 @@ def test_the_changed_call_detail_schema_is_pinned(tmp_path: Path, run_a: Path) -
         "model", "request", "response_text_diff", "status", "tokens", "tool_calls", "ttft_ms",
     ]  # fmt: skip
     assert call["latency_ms"] == {"before": 100.0, "after": 90.0, "delta": -10.0}
+    assert call["model"] == {"before": "gpt-4o-2024-08-06", "after": "gpt-4o-2024-08-06"}
     assert call["b_line"] == 1
 
 

@@ -205,7 +205,7 @@ def compare_calls(a: CallView, b: CallView) -> dict[str, Any]:
         "b_call_index": rb.call_index,
         "b_line": b.line,
         "endpoint": rb.dialect,
-        "model": {"before": ra.model, "after": rb.model} if ra.model != rb.model else rb.model,
+        "model": {"before": ra.model, "after": rb.model},
         "request": _request_changes(a, b),
     }
     text_a = a.outcome.get("output_text") if a.outcome else None

@@ -105,6 +105,7 @@ class RolloutComparison:
     call_count: dict[str, int | None]
     reward: dict[str, float | None]
     tool_sequence: dict[str, list[str]] | None
+    file_a: str | None = None
     file_b: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -117,6 +118,7 @@ class RolloutComparison:
             "call_count": self.call_count,
             "reward": self.reward,
             "tool_sequence": self.tool_sequence,
+            "file_a": self.file_a,
             "file_b": self.file_b,
             "calls": self.calls,
         }
@@ -197,6 +199,7 @@ def compare_rollout(key: str, a: RolloutSide | None, b: RolloutSide | None, *, p
         call_count={"before": len(views_a) if a else None, "after": len(views_b) if b else None},
         reward=reward,
         tool_sequence={"before": tools_a, "after": tools_b} if tools_a != tools_b else None,
+        file_a=a.file if a else None,
         file_b=b.file if b else None,
     )
 

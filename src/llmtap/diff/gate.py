@@ -44,7 +44,10 @@ class GateOptions:
 
 @dataclass(frozen=True)
 class GateReason:
-    """One reason the gate fails: a code, a sentence, and where (rollout key, call index in run B or A, file and line)."""
+    """One reason the gate fails: a code, a sentence, and where: rollout key, call index, file and line.
+
+    The place is in run B, except for a removed call, which only run A has.
+    """
 
     code: str
     message: str
@@ -110,6 +113,8 @@ def _check_calls(comparison: RunComparison, options: GateOptions, result: GateRe
                         f"{where}: call {call['call_index']} of run A has no counterpart in run B.",
                         rollout.key,
                         call["call_index"],
+                        rollout.file_a,
+                        call["line"],
                     )
                 )
             elif status == "added" and not options.allow_added:

@@ -98,7 +98,7 @@ def _call_lines(call: dict[str, Any]) -> list[str]:
         ]
     lines = [f"  [{style}]changed[/] call {call['a_call_index']} → {call['b_call_index']} ({call['endpoint']})"]
     model = call["model"]
-    if isinstance(model, dict):
+    if model["before"] != model["after"]:
         lines.append(f"    model: {escape(str(model['before']))} → {escape(str(model['after']))}")
     for difference in call["request"]["differences"]:
         where = (
