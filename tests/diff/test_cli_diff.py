@@ -79,6 +79,15 @@ def test_an_added_call_fails_unless_allowed(tmp_path: Path, run_a: Path) -> None
     assert run_diff(run_a, run_b, "--assert-no-regressions", "--allow-added").exit_code == 0
 
 
+def test_an_allowed_new_call_may_still_not_fail(tmp_path: Path, run_a: Path) -> None:
+    rollouts = agent_run()
+    rollouts["1-1"].append(line_for(fixture("chat/error-404-model-not-found"), rollout_id="1-1"))
+    run_b = write_run(tmp_path / "b", rollouts)
+    code, payload = diff_json(run_a, run_b, "--assert-no-regressions", "--allow-added")
+    assert code == 1 and codes(payload) == ["added_call_error"]
+    assert "failed (not_found)" in payload["gate"]["reasons"][0]["message"]
+
+
 def test_a_success_that_became_an_error_fails_the_gate(tmp_path: Path, run_a: Path) -> None:
     rollouts = agent_run()
     error = fixture("chat/error-404-model-not-found")

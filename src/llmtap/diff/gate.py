@@ -1,7 +1,7 @@
 """The regression gate: the reasons a comparison fails CI, each one listed.
 
-A run regresses when a call was removed, a call was added (unless allowed), a call that succeeded
-now fails, a rollout's reward dropped, or a threshold is passed: total tokens, or the p95 of call
+A run regresses when a call was removed, a call was added (unless allowed; an allowed new call
+still may not fail), a call that succeeded now fails, a rollout's reward dropped, or a threshold is passed: total tokens, or the p95 of call
 latency, grew by more than the given fraction. A threshold that cannot be checked (no known token
 counts, no latencies) is reported as unchecked, never as passed.
 """
@@ -114,6 +114,17 @@ def _check_calls(comparison: RunComparison, options: GateOptions, result: GateRe
                         rollout.key,
                         call["call_index"],
                         rollout.file_a,
+                        call["line"],
+                    )
+                )
+            elif status == "added" and options.allow_added and call["error_category"] is not None:
+                result.add(
+                    GateReason(
+                        "added_call_error",
+                        f"{where}: call {call['call_index']} of run B is new and failed ({call['error_category']}).",
+                        rollout.key,
+                        call["call_index"],
+                        rollout.file_b,
                         call["line"],
                     )
                 )
