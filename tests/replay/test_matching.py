@@ -187,6 +187,7 @@ def test_identical_requests_are_served_in_recorded_order(choices: list[int], rng
     for choice, indexes in served.items():
         assert indexes == [n for n, c in enumerate(choices) if c == choice]
         assert [index.calls("r")[i].occurrence for i in indexes] == list(range(len(indexes)))
+    assert index.unserved() == []
     extra = index.match("r", requests[0], endpoint="chat")
     if choices.count(0):
         assert isinstance(extra, Miss) and extra.reason == "exhausted" and extra.occurrence == choices.count(0)
@@ -200,6 +201,7 @@ def test_the_same_request_in_another_rollout_is_another_call() -> None:
     )
     first = index.match("a", basic.request_json, endpoint="chat")
     assert isinstance(first, RecordedCall) and first.rollout_id == "a"
+    assert [(call.rollout_id, call.call_index) for call in index.unserved()] == [("b", 0)]
     again = index.match("a", basic.request_json, endpoint="chat")
     assert isinstance(again, Miss) and again.reason == "exhausted"
     other = index.match("b", basic.request_json, endpoint="chat")

@@ -267,7 +267,7 @@ class RecordingIndex:
         cls, records_by_rollout: Mapping[str, Iterable[Any]], *, unreadable_lines: int = 0
     ) -> RecordingIndex:
         """Build the index from `ModelCallRecord`s per rollout, each rollout's in call order (no persisted lines)."""
-        pairs = {
+        pairs: dict[str, list[tuple[Any, Mapping[str, Any] | None]]] = {
             rollout_id: [(record, None) for record in records] for rollout_id, records in records_by_rollout.items()
         }
         return cls(_recorded_calls(pairs), unreadable_lines=unreadable_lines)
@@ -316,6 +316,12 @@ class RecordingIndex:
     def __iter__(self) -> Iterator[RecordedCall]:
         for rollout_id in self.rollouts():
             yield from self._by_rollout[rollout_id]
+
+    def unserved(self) -> list[RecordedCall]:
+        """Return the recorded calls no request has got yet, by rollout and call order: what a replayed run skipped."""
+        with self._lock:
+            served = dict(self._served)
+        return [call for call in self if call.occurrence >= served.get((call.rollout_id, call.key), 0)]
 
     def match(
         self, rollout_id: str, request: Mapping[str, Any] | None, *, endpoint: str | None, raw: str | None = None
