@@ -25,6 +25,7 @@ _COMMANDS = {
     "attach": "collect:attach",
     "collect": "collect:collect",
     "demo": "demo:demo",
+    "diff": "diff:diff",
     "export": "export:export",
     "export-evidence": "evidence:export_evidence",
     "keys": "keys:keys",

@@ -1,0 +1,1 @@
+"""Tests of `llmtap diff`: alignment, comparison, the gate, the CLI."""
