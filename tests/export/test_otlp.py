@@ -29,6 +29,15 @@ def _records(root: Path) -> dict[str, tuple[str, ModelCallRecord]]:
     }
 
 
+def _finish_reasons(record: ModelCallRecord) -> list[str] | None:
+    """The provider's reason; a completed Responses call (no raw reason) falls back to the normalized one."""
+    if record.finish_reason is not None:
+        return [record.finish_reason]
+    if record.finish_reason_normalized is None:
+        return None
+    return ["tool_call" if record.finish_reason_normalized == "tool_calls" else record.finish_reason_normalized]
+
+
 def _expected(record: ModelCallRecord) -> dict[str, Any]:
     """The attributes each record must produce, read from the record itself (absent when unknown)."""
     request = record.request or {}
@@ -38,7 +47,7 @@ def _expected(record: ModelCallRecord) -> dict[str, Any]:
         names.REQUEST_MODEL: request.get("model"),
         names.RESPONSE_ID: record.response_id,
         names.RESPONSE_MODEL: (record.response or {}).get("model"),
-        names.RESPONSE_FINISH_REASONS: None if record.finish_reason is None else [record.finish_reason],
+        names.RESPONSE_FINISH_REASONS: _finish_reasons(record),
         names.USAGE_INPUT_TOKENS: record.tokens_in,
         names.USAGE_OUTPUT_TOKENS: record.tokens_out,
         names.USAGE_CACHE_READ_INPUT_TOKENS: record.cached_tokens,

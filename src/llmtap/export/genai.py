@@ -27,7 +27,7 @@ from .semconv import SEMCONV_NAME, SEMCONV_VERSION
 if TYPE_CHECKING:
     from ..records import ModelCallRecord
 
-__all__ = ["SEMCONV_NAME", "SEMCONV_VERSION", "genai_messages", "genai_record", "sampling_attributes"]
+__all__ = ["SEMCONV_NAME", "SEMCONV_VERSION", "finish_reasons", "genai_messages", "genai_record", "sampling_attributes"]
 
 RECORD_SCHEMA_VERSION = 1
 
@@ -185,6 +185,18 @@ def genai_messages(record: ModelCallRecord) -> tuple[list[dict[str, Any]], list[
     """
     inputs = _messages(request_items(record.dialect, record.request) or [])
     return inputs, _output_messages(record)
+
+
+def finish_reasons(record: ModelCallRecord) -> list[str] | None:
+    """`gen_ai.response.finish_reasons` for a span: the provider's own reason, else llmtap's normalized one.
+
+    Responses carries a raw reason only for an incomplete response; a completed one still stopped
+    for a reason (`stop`, `tool_call`), which the normalized finish reason names. None when unknown.
+    """
+    if record.finish_reason is not None:
+        return [record.finish_reason]
+    normalized = record.finish_reason_normalized
+    return None if normalized is None else [_ITEM_FINISH.get(normalized, normalized)]
 
 
 def _output_messages(record: ModelCallRecord) -> list[dict[str, Any]]:

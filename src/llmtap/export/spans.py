@@ -28,7 +28,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from .. import __version__
 from ..records import ModelCallRecord
 from . import attributes as names
-from .genai import genai_messages, sampling_attributes
+from .genai import finish_reasons, genai_messages, sampling_attributes
 
 __all__ = [
     "content_capture_enabled",
@@ -144,8 +144,9 @@ def span_attributes(record: ModelCallRecord, rollout_id: str, *, content: bool =
         _request_sampling(record.request, attributes)
     _set(attributes, names.RESPONSE_ID, record.response_id)
     _set(attributes, names.RESPONSE_MODEL, _response_model(record))
-    if record.finish_reason is not None:
-        attributes[names.RESPONSE_FINISH_REASONS] = [record.finish_reason]
+    reasons = finish_reasons(record)
+    if reasons is not None:
+        attributes[names.RESPONSE_FINISH_REASONS] = reasons
     _set(attributes, names.USAGE_INPUT_TOKENS, record.tokens_in)
     _set(attributes, names.USAGE_OUTPUT_TOKENS, record.tokens_out)
     _set(attributes, names.USAGE_CACHE_READ_INPUT_TOKENS, record.cached_tokens)
