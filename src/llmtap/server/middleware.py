@@ -33,7 +33,7 @@ from urllib.parse import quote, unquote
 
 import orjson
 
-from ..content_coding import DEFAULT_MAX_DECODED_BYTES
+from ..records.content_coding import DEFAULT_MAX_DECODED_BYTES
 from ..correlation import ROLLOUT_PREFIX, split_rollout_prefix
 from ..correlation.sampling import (
     MODEL_SAMPLING_HEADER,
