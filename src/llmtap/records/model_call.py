@@ -14,6 +14,44 @@ __all__ = ["PAYLOAD_FIELDS", "RECORD_FIELDS", "ModelCallRecord"]
 PAYLOAD_FIELDS = ("request", "response", "request_raw", "response_raw")
 
 
+# Every key llmtap's own lines hold (records/line.py and the capture points' `Exchange.extra`):
+# a key outside this set is kept in `ModelCallRecord.extra`.
+_LINE_FIELDS = frozenset(
+    {
+        "schema_version",
+        "model_call_id",
+        "dialect",
+        "model_ref",
+        "started_at",
+        "completed_at",
+        "latency_ms",
+        "latency_ttft_ms",
+        "status_code",
+        "error_category",
+        "request",
+        "response",
+        "request_raw",
+        "response_raw",
+        "request_raw_base64",
+        "response_raw_base64",
+        "response_decoding",
+        "stream",
+        "stream_truncated",
+        "exception_type",
+        "rollout_id",
+        "provider",
+        "sampling",
+        "http",
+        "continuation_fingerprint",
+        "fingerprint_version",
+        "capture",
+        "operation",
+        "server",
+        "rejected",
+    }
+)
+
+
 def _float(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
@@ -34,7 +72,10 @@ class ModelCallRecord:
 
     Every field but `call_index` and the lists may be None, which always means unknown. The
     payload fields hold the raw request and response; `to_dict(include_payloads=False)` leaves
-    them out for rollout attachments.
+    them out for rollout attachments. `continuation_fingerprint` is the call's stored content
+    fingerprint (with `fingerprint_version`, see rollouts/fingerprint.py); `extra` keeps the
+    line's fields llmtap does not read (the reference system's `client_session_id`,
+    `upstream_attempted`, ...), so reading a line never drops what its writer recorded.
     """
 
     model_call_id: str
@@ -71,6 +112,9 @@ class ModelCallRecord:
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
     schema_version: int = 0
+    continuation_fingerprint: str | None = None
+    fingerprint_version: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
     request: dict[str, Any] | None = None
     response: dict[str, Any] | None = None
     request_raw: str | None = None
@@ -93,6 +137,12 @@ class ModelCallRecord:
         normalized = _normalize(dialect, response)
         usage = normalized.usage
         model_ref = line.get("model_ref")
+        error_category = _str(line.get("error_category"))
+        stream = line.get("stream") is True
+        stream_truncated = line.get("stream_truncated") is True
+        if "schema_version" not in line and error_category == "stream_truncated":
+            # The reference system's store writes no stream flags; its category says both.
+            stream = stream_truncated = True
         record = cls(
             model_call_id=model_call_id,
             response_id=normalized.response_id,
@@ -105,7 +155,7 @@ class ModelCallRecord:
             response_status=normalized.response_status,
             finish_reason=normalized.finish_reason,
             finish_reason_normalized=normalized.finish_reason_normalized,
-            error_category=_str(line.get("error_category")),
+            error_category=error_category,
             started_at=_float(line.get("started_at")),
             completed_at=_float(line.get("completed_at")),
             latency_total_ms=_float(line.get("latency_ms")),
@@ -122,12 +172,15 @@ class ModelCallRecord:
             reasoning_redacted_blocks=normalized.reasoning_redacted_blocks,
             refusal=normalized.refusal,
             served_item_ids=list(normalized.served_item_ids),
-            stream=line.get("stream") is True,
-            stream_truncated=line.get("stream_truncated") is True,
+            stream=stream,
+            stream_truncated=stream_truncated,
             error=normalized.error,
             prompt_token_ids=normalized.prompt_token_ids,
             completion_token_ids=normalized.completion_token_ids,
             schema_version=_int(line.get("schema_version")) or 0,
+            continuation_fingerprint=_str(line.get("continuation_fingerprint")),
+            fingerprint_version=_int(line.get("fingerprint_version")),
+            extra={key: value for key, value in line.items() if key not in _LINE_FIELDS},
             request=request,
             response=response,
             request_raw=_str(line.get("request_raw")),

@@ -31,8 +31,9 @@ stood at its name, by rename. The marker keeps the number of failures, so `llmta
 status` in another process can report them (`ReadResult.capture_failures`).
 
 Reads take no lock: lines land whole, by one `write()`. An unterminated last segment (a write in
-progress, or a crashed writer) is reported as `torn_tail` and not counted; the next committer ends
-it with a newline first, so it becomes one damaged line and the new record stays intact. Blank
+progress, or a crashed writer) is reported as `torn_tail` and not counted, unless it is a whole
+JSON object (a record that lost only its newline); the next committer ends it with a newline
+first, so it becomes one line and the new record stays intact. Blank
 lines are skipped and take no `call_index`; damaged lines take one, so they never shift the others.
 """
 

@@ -1,6 +1,8 @@
 """Reading a rollout's captured calls back as `ModelCallRecord`s, and summing them.
 
-Consumers read through these functions, never by parsing capture files themselves.
+Consumers read through these functions, never by parsing capture files themselves. Strict and
+tolerant reads share one parse path (`scan.scan_lines`); so does `json_objects`, for the other
+JSON-lines files llmtap writes beside a capture (a capsule's `model-calls.jsonl`).
 """
 
 from __future__ import annotations
@@ -11,8 +13,15 @@ from typing import Any, Iterable
 from ..errors import CaptureRecordError
 from ..records import ModelCallRecord, aggregate_metrics
 from . import CaptureStore
+from .scan import scan_lines
 
-__all__ = ["RolloutCalls", "aggregate_model_call_metrics", "read_model_call_records", "read_rollout_calls"]
+__all__ = [
+    "RolloutCalls",
+    "aggregate_model_call_metrics",
+    "json_objects",
+    "read_model_call_records",
+    "read_rollout_calls",
+]
 
 
 @dataclass(frozen=True)
@@ -85,3 +94,12 @@ def aggregate_model_call_metrics(
             raise TypeError("aggregate_model_call_metrics(store, rollout_id) needs the rollout id.")
         return aggregate_metrics(read_rollout_calls(source, rollout_id).records)
     return aggregate_metrics(source)
+
+
+def json_objects(data: bytes) -> list[dict[str, Any]]:
+    """Return the JSON objects of a JSON-lines file's bytes, in order, skipping damaged and blank lines.
+
+    Tolerant, with the capture reader's rules: a last line without its newline counts when it is
+    a whole object, and a cut-off one does not.
+    """
+    return [record for _, _, record, _ in scan_lines(data) if record is not None]

@@ -1,8 +1,9 @@
 """Reading a rollout's files without a lock: its lines, marker and late writes, and the directory's rollouts.
 
 Lines land whole, by one `write()`. An unterminated last segment (a write in progress, or a
-crashed writer) is reported as `torn_tail` and not counted; the next committer ends it with a
-newline first, so it becomes one damaged line and the new record stays intact. Blank lines are
+crashed writer) is reported as `torn_tail` and not counted, unless it is a whole JSON object,
+which is a record (see `scan`); the next committer ends it with a newline first, so it becomes
+one line and the new record stays intact. Blank lines are
 skipped and take no `call_index`; damaged lines take one, so they never shift the others.
 """
 
@@ -18,7 +19,7 @@ from llmtap.store.durable import open_regular
 from llmtap.store.layout import DATA_SUFFIX, LATE_SUFFIX, MARKER_SUFFIX, _describe
 from llmtap.store.markers import MarkersAndFence
 from llmtap.store.results import ReadResult
-from llmtap.store.scan import scan_lines
+from llmtap.store.scan import is_torn, scan_lines
 
 __all__ = ["CaptureReads"]
 
@@ -88,7 +89,7 @@ class CaptureReads(MarkersAndFence):
             exists=data is not None,
             entries=entries,
             invalid_lines=invalid_lines,
-            torn_tail=data is not None and data[-1:] not in (b"", b"\n"),
+            torn_tail=data is not None and is_torn(data),
             incomplete=marked,
             late_writes=sum(1 for _ in scan_lines(late or b"")),
             capture_failures=self._marker_failures(marker) if marked else 0,
