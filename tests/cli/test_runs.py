@@ -25,7 +25,7 @@ def _call(index: int) -> dict[str, object]:
     }
 
 
-def test_runs_show_lists_the_whole_calls_and_skips_damaged_lines(tmp_path: Path) -> None:
+def test_runs_show_reads_the_whole_calls_and_skips_damaged_lines(tmp_path: Path) -> None:
     paths = create_capsule(tmp_path / "runs", run_id=new_ulid())
     start_manifest(paths, capture_mode="run", command=["python", "x.py"], cwd="/w", started_at=1.0, registry_source=None)
     calls = [_call(0), _call(1), _call(2)]
@@ -35,10 +35,6 @@ def test_runs_show_lists_the_whole_calls_and_skips_damaged_lines(tmp_path: Path)
     shown = CliRunner().invoke(main, ["runs", "show", paths.root.name, "--capsule-dir", str(tmp_path / "runs"), "--json"])
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.output)["model_calls"] == calls  # the last line lost only its newline: still a call
-
-    text = CliRunner().invoke(main, ["runs", "show", paths.root.name, "--capsule-dir", str(tmp_path / "runs")])
-    assert text.exit_code == 0, text.output
-    assert [line.split()[0] for line in text.output.splitlines() if line.startswith("  r-0#")] == ["r-0#0", "r-0#1", "r-0#2"]
 
 
 def test_runs_show_drops_a_cut_off_last_call(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@
     readers.py         tolerant and strict readers: records, metrics, a rollout's calls
 
 Files: `<rollout_id>.capture.jsonl`, append-only, one JSON object per line, with its lock,
-incomplete marker, clear fence and late file beside it (see layout.py).
+incomplete marker, clear fence and late file beside it (see capture_store.py).
 """
 
 from llmtap.store.capture_store import CaptureStore
