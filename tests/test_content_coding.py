@@ -12,7 +12,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmtap.content_coding import DecodedTooLarge, UndecodableContent, decode_content
+from llmtap.records.content_coding import DecodedTooLarge, UndecodableContent, decode_content
 from tests.support.faults import bomb
 
 ENCODERS = {

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import llmtap.content_coding as content_coding
+import llmtap.records.content_coding as content_coding
 import llmtap.records as records_module
 from llmtap.dialects import get_dialect
 from llmtap.exchange import Exchange

@@ -614,7 +614,7 @@ def test_a_failed_sync_on_the_loop_fails_the_append_and_marks_the_rollout(
 
 
 def test_syncs_on_the_loop_stop_while_the_disk_is_slow_and_are_tried_again_later(monkeypatch: pytest.MonkeyPatch) -> None:
-    from llmtap.store.capture_store import _InlineSyncGate
+    from llmtap.store.inline_sync import InlineSyncGate as _InlineSyncGate
 
     now = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])

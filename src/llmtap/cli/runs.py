@@ -157,15 +157,10 @@ def show_run(run_ref: str, capsule_dir: Path | None, as_json: bool, calls: bool,
 
 def _model_calls(capsule: Path) -> list[dict[str, Any]]:
     from ..capsule.writer import read_regular_file
+    from ..store.readers import json_objects
 
     try:
-        text = read_regular_file(capsule / "model-calls.jsonl").decode("utf-8")
+        data = read_regular_file(capsule / "model-calls.jsonl")
     except OSError:
         return []
-    result = []
-    for line in text.splitlines():
-        try:
-            result.append(json.loads(line))
-        except ValueError:
-            continue
-    return result
+    return json_objects(data)

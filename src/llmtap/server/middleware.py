@@ -33,7 +33,6 @@ from urllib.parse import quote, unquote
 
 import orjson
 
-from ..content_coding import DEFAULT_MAX_DECODED_BYTES
 from ..correlation import ROLLOUT_PREFIX, split_rollout_prefix
 from ..correlation.sampling import (
     MODEL_SAMPLING_HEADER,
@@ -49,6 +48,7 @@ from ..errors import InvalidRolloutIdError
 from ..exchange import Exchange, new_model_call_id, safe_headers
 from ..health import HEALTH, CaptureHealth
 from ..records import StreamTracker, raw_line_from_exchange
+from ..records.content_coding import DEFAULT_MAX_DECODED_BYTES
 from ..store import CaptureStore
 from .asgi import ASGIApp, Message, Receive, Scope, Send
 from .health_endpoint import health_report, send_health

@@ -1,6 +1,12 @@
 """The capture store: the only code that touches capture files.
 
     capture_store.py   CaptureStore: append (group-committed, durable before release), read, clear
+    layout.py          the files beside each rollout, and their paths
+    append_path.py     which file each line goes to, its one write and its sync
+    inline_sync.py     when an awaited append may sync on the event loop itself
+    markers.py         the incomplete marker and the clear() fence
+    reading.py         lock-free reads of a rollout's files
+    scan.py            a capture file's bytes split into lines: the one parse path
     results.py         what an append or a read returns
     rollout_files.py   each rollout's open descriptors, opened safely relative to the directory
     group_commit.py    many appends sharing one fdatasync

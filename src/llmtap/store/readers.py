@@ -1,6 +1,8 @@
 """Reading a rollout's captured calls back as `ModelCallRecord`s, and summing them.
 
-Consumers read through these functions, never by parsing capture files themselves.
+Consumers read through these functions, never by parsing capture files themselves. Strict and
+tolerant reads share one parse path (`scan.scan_lines`); so does `json_objects`, for the other
+JSON-lines files llmtap writes beside a capture (a capsule's `model-calls.jsonl`).
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from typing import Any, Iterable
 from ..errors import CaptureRecordError
 from ..records import ModelCallRecord, aggregate_metrics
 from . import CaptureStore
+from .scan import scan_lines
 
 __all__ = [
     "RolloutCalls",
     "aggregate_model_call_metrics",
+    "json_objects",
     "read_model_call_records",
     "read_rollout_calls",
     "read_rollout_calls_with_lines",
@@ -41,8 +45,14 @@ def read_rollout_calls(store: CaptureStore, rollout_id: str, *, strict: bool = F
     With `strict=True` the first damaged line raises `CaptureRecordError`; otherwise damaged
     lines (bad JSON, not an object, not a capture record) are skipped and listed.
     """
+    return _read_calls(store, rollout_id, strict=strict)[0]
+
+
+def _read_calls(store: CaptureStore, rollout_id: str, *, strict: bool) -> tuple[RolloutCalls, list[dict[str, Any]]]:
+    """The one read behind both readers: the rollout's calls, and each record's raw line in the same order."""
     result = store.read(rollout_id, strict=strict)
     records: list[ModelCallRecord] = []
+    lines: list[dict[str, Any]] = []
     unreadable = list(result.invalid_lines)
     for call_index, line in result.entries:
         try:
@@ -51,7 +61,9 @@ def read_rollout_calls(store: CaptureStore, rollout_id: str, *, strict: bool = F
             if strict:
                 raise CaptureRecordError(store.path_for(rollout_id), None, str(exc), call_index=call_index) from exc
             unreadable.append(call_index)
-    return RolloutCalls(
+            continue
+        lines.append(line)
+    calls = RolloutCalls(
         rollout_id=result.rollout_id,
         exists=result.exists,
         records=records,
@@ -61,6 +73,7 @@ def read_rollout_calls(store: CaptureStore, rollout_id: str, *, strict: bool = F
         torn_tail=result.torn_tail,
         capture_failures=result.capture_failures,
     )
+    return calls, lines
 
 
 def read_model_call_records(store: CaptureStore, rollout_id: str, *, strict: bool = True) -> list[ModelCallRecord]:
@@ -99,25 +112,13 @@ def read_rollout_calls_with_lines(store: CaptureStore, rollout_id: str) -> tuple
     For consumers that project a call from both its stored line and its normalized record
     (a capsule's `model-calls.jsonl`).
     """
-    result = store.read(rollout_id)
-    records: list[ModelCallRecord] = []
-    lines: list[dict[str, Any]] = []
-    unreadable = list(result.invalid_lines)
-    for call_index, line in result.entries:
-        try:
-            records.append(ModelCallRecord.from_raw_line(line, call_index))
-        except ValueError:
-            unreadable.append(call_index)
-            continue
-        lines.append(line)
-    calls = RolloutCalls(
-        rollout_id=result.rollout_id,
-        exists=result.exists,
-        records=records,
-        unreadable_lines=sorted(unreadable),
-        incomplete=result.incomplete,
-        late_writes=result.late_writes,
-        torn_tail=result.torn_tail,
-        capture_failures=result.capture_failures,
-    )
-    return calls, lines
+    return _read_calls(store, rollout_id, strict=False)
+
+
+def json_objects(data: bytes) -> list[dict[str, Any]]:
+    """Return the JSON objects of a JSON-lines file's bytes, in order, skipping damaged and blank lines.
+
+    Tolerant, with the capture reader's rules: a last line without its newline counts when it is
+    a whole object, and a cut-off one does not.
+    """
+    return [record for _, _, record, _ in scan_lines(data) if record is not None]

@@ -34,7 +34,8 @@ class ReadResult:
 
     `entries` pairs each valid record with its `call_index` (0-based position among non-blank
     complete lines); `invalid_lines` holds the positions of damaged lines. `torn_tail` means the
-    file ends in an unterminated segment, which is not a line yet.
+    file ends in an unterminated segment that is not a whole JSON object, so not a line yet (a
+    whole object there lost only its newline and is an entry).
     """
 
     rollout_id: str

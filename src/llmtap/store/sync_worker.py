@@ -39,7 +39,7 @@ import threading
 import time
 from collections import OrderedDict
 
-TYPE_CHECKING = False  # typing itself costs the helper's start-up about 8 ms
+TYPE_CHECKING = False  # importing typing would slow the helper's start-up (docs/benchmarks.md)
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
@@ -52,9 +52,7 @@ FAST_SYNC_SECONDS = 0.0005
 IDLE_FILES_KEPT_OPEN = 256
 SYNCFS_MIN_FILES = 2
 # A syncfs slower than this (and than per-file syncs would have been) is taken for other programs'
-# writeback. Under 128 concurrent rollouts on this project's test disk, syncfs took 2.4 ms at the
-# median and 7.5 ms at the 99th percentile with no other writer: a 5 ms bar sent the helper to
-# per-file syncs, three times the CPU, for most of a run.
+# writeback; a lower bar mistook an ordinary busy disk for that (docs/benchmarks.md, "Capture store").
 SYNCFS_SLOW_SECONDS = 0.05
 SYNCFS_RETRY_SECONDS = 5.0
 SYNCFS_LONGEST_RETRY_SECONDS = 300.0

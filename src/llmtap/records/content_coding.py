@@ -18,7 +18,7 @@ import io
 import zlib
 from typing import Any
 
-from .errors import LlmtapError
+from ..errors import LlmtapError
 
 __all__ = ["DEFAULT_MAX_DECODED_BYTES", "DecodedTooLarge", "UndecodableContent", "decode_content"]
 
