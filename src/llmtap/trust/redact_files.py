@@ -21,8 +21,8 @@ import orjson
 
 from llmtap.capsule.writer import write_file_atomic
 from llmtap.store import CaptureStore
-from llmtap.store.capture_store import DATA_SUFFIX, LATE_SUFFIX
 from llmtap.store.durable import replace_atomically
+from llmtap.store.layout import DATA_SUFFIX, LATE_SUFFIX
 from llmtap.store.rollout_files import DESCRIPTORS
 
 from .proof import PROOF_NAME, ProofBuilder

@@ -30,6 +30,7 @@ import orjson
 from ..export.genai import RECORD_SCHEMA_VERSION
 from ..records import SCHEMA_VERSION as CAPTURE_SCHEMA_VERSION
 from ..records import ModelCallRecord
+from ..store.layout import DATA_SUFFIX, LATE_SUFFIX
 from .bundle_format import BundleLimits
 from .capsule_files import CapsuleChangedError, CapsuleFile, CapsuleReader
 from .proof import PROOF_NAME, PROOF_SCHEMA_VERSION, ProofBuilder
@@ -40,8 +41,6 @@ __all__ = ["ValidationReport", "validate_path", "validation_problems"]
 MANIFEST_NAME = "capsule.json"
 HEALTH_NAME = "capture-health.json"
 MODEL_CALLS_NAME = "model-calls.jsonl"
-DATA_SUFFIX = ".capture.jsonl"
-LATE_SUFFIX = ".capture.late.jsonl"
 _ROLLOUT_SUFFIXES = (DATA_SUFFIX, LATE_SUFFIX)
 # The schema version each JSON document must carry (the versions this llmtap writes).
 _DOCUMENT_VERSIONS = {MANIFEST_NAME: 1, HEALTH_NAME: 1, "env.lock": 1, PROOF_NAME: PROOF_SCHEMA_VERSION}
