@@ -21,7 +21,7 @@ from llmtap.capsule.finalise import CaptureOutcome, finalise_capsule
 from llmtap.capsule.manifest import start_manifest
 from llmtap.capsule.writer import CapsulePaths, create_capsule
 from llmtap.trust.validate import validate_path
-from tests.capsule.test_spool import _spool_calls
+from tests.spool.test_collector import _spool_calls
 from tests.trust.corpus import SECRETS
 
 OUTSIDE_BYTES = b"outside the capsule: must never change\n"
