@@ -10,7 +10,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from ..display import calls_table, format_value, metrics_line
+from .display import calls_table, format_value, metrics_line
 from ..errors import LlmtapError, UnsafeCaptureFileError
 from ..store import CaptureStore
 from ..store.readers import aggregate_model_call_metrics, read_rollout_calls

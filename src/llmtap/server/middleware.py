@@ -45,7 +45,7 @@ from ..correlation.sampling import (
     split_sampling_segment,
 )
 from ..dialects import Dialect, dialect_for_path
-from ..errors import InvalidRolloutIdError
+from ..errors import InvalidRolloutIdError, LlmtapError
 from ..exchange import Exchange, new_model_call_id, safe_headers
 from ..health import HEALTH, CaptureHealth
 from ..records import StreamTracker, raw_line_from_exchange
@@ -463,15 +463,15 @@ class _CapturedCall:
         await send_body_too_large(send, payload)
 
 
-class _RejectedRequest(Exception):
+class _RejectedRequest(LlmtapError):
     """A request llmtap itself must refuse (a malformed sampling segment)."""
 
 
-class _ClientLeft(Exception):
+class _ClientLeft(LlmtapError):
     """The client disconnected before its request body ended: nothing is forwarded."""
 
 
-class _BodyRefused(Exception):
+class _BodyRefused(LlmtapError):
     """A request body over the limit."""
 
     def __init__(self, refused: BodyTooLarge) -> None:

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Protocol
 from urllib.parse import unquote, urlsplit
 
+from ..errors import UpstreamError
 from .http1 import Http1Connection, Http1Response, UpstreamClosed, UpstreamProtocolError, UpstreamReadTimeout
 
 __all__ = ["Http1Transport", "UpstreamResponse", "UpstreamTransport", "UpstreamUnreachable"]
 
 
-class UpstreamUnreachable(Exception):
+class UpstreamUnreachable(UpstreamError):
     """Raised by a transport when no response came back: refused, unresolvable, or timed out."""
 
     def __init__(self, cause: BaseException, *, timed_out: bool) -> None:

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 from rich.table import Table
 
-from .records import ModelCallRecord
+from ..records import ModelCallRecord
 
 __all__ = ["calls_table", "format_value", "metrics_line"]
 
