@@ -4,15 +4,16 @@ The proxy itself only forwards: request bytes go upstream unchanged (but for cre
 configured to add), and the upstream's status, headers and raw body bytes come back chunk by chunk
 as they arrive, compressed or not, errors included. Capture is the `CaptureMiddleware` around it.
 
-The upstream call is one narrow seam, `UpstreamTransport.forward`, so tests and benchmarks can
-swap it without patching.
+The upstream call is one narrow seam, `UpstreamTransport.send`: `build_app(config, transport=...)`
+(one transport for every upstream) or `transport_factory=` (one per upstream) swaps it without
+patching; `mock_transport.MockTransport` answers from a function.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import quote, unquote, urlsplit
 
 import orjson
@@ -30,7 +31,19 @@ from .limits import BodyTooLarge, body_too_large_payload, read_body_within, send
 from .middleware import EXCHANGE_SCOPE_KEY, CaptureMiddleware
 from .upstream import Http1Transport, UpstreamResponse, UpstreamTransport, UpstreamUnreachable
 
-__all__ = ["ProxyApp", "UnsafeRequestTarget", "build_app", "upstream_url"]
+__all__ = ["ProxyApp", "TransportFactory", "UnsafeRequestTarget", "build_app", "default_transport", "upstream_url"]
+
+# Makes the transport of one upstream, from its name and settings.
+TransportFactory = Callable[[str, UpstreamConfig], UpstreamTransport]
+
+
+def default_transport(name: str, config: UpstreamConfig) -> UpstreamTransport:
+    """The keep-alive HTTP/1.1 pool `llmtap serve` uses for an upstream, sized and timed by its settings."""
+    return Http1Transport(
+        max_connections=config.max_connections,
+        connect_timeout_s=config.connect_timeout_s,
+        read_timeout_s=config.timeout_s,
+    )
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) are for one connection and never forwarded; nor are the
 # ones the proxy itself settles with the client.
@@ -95,7 +108,7 @@ def _target_problem(path: str) -> str | None:
 class _Upstream:
     """One configured upstream: its settings, its pooled transport and its credential header."""
 
-    def __init__(self, name: str, config: UpstreamConfig) -> None:
+    def __init__(self, name: str, config: UpstreamConfig, transport: UpstreamTransport) -> None:
         self.name = name
         self.config = config
         # `scheme://authority/`: every URL sent upstream starts with it, so none can name another host.
@@ -108,11 +121,7 @@ class _Upstream:
                 self.credential = (b"x-api-key", key.encode("latin-1"))
             else:
                 self.credential = (b"authorization", b"Bearer " + key.encode("latin-1"))
-        self.transport: UpstreamTransport = Http1Transport(
-            max_connections=config.max_connections,
-            connect_timeout_s=config.connect_timeout_s,
-            read_timeout_s=config.timeout_s,
-        )
+        self.transport = transport
 
     def selects(self, dialect: str | None, model: str | None) -> bool:
         if self.config.dialects is not None and dialect not in self.config.dialects:
@@ -123,20 +132,26 @@ class _Upstream:
 
 
 class ProxyApp:
-    """The forwarding ASGI app: chooses an upstream, streams the exchange through, never buffers a response."""
+    """The forwarding ASGI app: chooses an upstream, streams the exchange through, never buffers a response.
 
-    def __init__(self, config: ServeConfig) -> None:
+    Each upstream's transport comes from `transport_factory` (`default_transport` unless given).
+    """
+
+    def __init__(self, config: ServeConfig, *, transport_factory: TransportFactory = default_transport) -> None:
         self.config = config
-        self.upstreams = {name: _Upstream(name, upstream) for name, upstream in config.upstreams.items()}
+        self.upstreams = {
+            name: _Upstream(name, upstream, transport_factory(name, upstream)) for name, upstream in config.upstreams.items()
+        }
         self._selective = [u for u in self.upstreams.values() if u.config.dialects or u.config.models]
         # Reading the request's model costs a JSON parse: only when some upstream selects by model.
         self._selects_by_model = any(u.config.models for u in self._selective)
         self.default = self.upstreams[config.default_upstream_name]
 
     async def aclose(self) -> None:
-        """Close the pooled upstream connections."""
-        for upstream in self.upstreams.values():
-            await upstream.transport.aclose()
+        """Close the pooled upstream connections (a transport shared by upstreams is closed once)."""
+        transports = {id(upstream.transport): upstream.transport for upstream in self.upstreams.values()}
+        for transport in transports.values():
+            await transport.aclose()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -302,7 +317,12 @@ def _response_headers(response: UpstreamResponse) -> list[tuple[bytes, bytes]]:
 
 
 def build_app(
-    config: ServeConfig, *, store: CaptureStore | None = None, health: CaptureHealth | None = None
+    config: ServeConfig,
+    *,
+    store: CaptureStore | None = None,
+    health: CaptureHealth | None = None,
+    transport: UpstreamTransport | None = None,
+    transport_factory: TransportFactory | None = None,
 ) -> ASGIApp:
     """Build the `llmtap serve` ASGI app: the proxy wrapped in capture middleware.
 
@@ -310,8 +330,16 @@ def build_app(
     `model_call_capture_dir` unless one is given, after checking that it can be written: raises
     `ConfigError` otherwise). Each call is labelled with the `model_ref` and provider of the
     upstream it went to. `GET /llmtap/health` answers the health document.
+
+    `transport` sends every upstream's requests (a `MockTransport` in tests); `transport_factory`
+    makes one per upstream; without either, each upstream gets `default_transport`.
     """
-    proxy = ProxyApp(config)
+    if transport is not None and transport_factory is not None:
+        raise ValueError("Pass transport or transport_factory to build_app, not both.")
+    if transport is not None:
+        shared = transport
+        transport_factory = lambda name, upstream: shared  # noqa: E731
+    proxy = ProxyApp(config, transport_factory=transport_factory or default_transport)
     if store is None and config.observability_enabled:
         assert config.model_call_capture_dir is not None
         check_capture_dir(config.model_call_capture_dir)
