@@ -175,13 +175,10 @@ def _command() -> click.Command:
     import click
 
     from ..errors import LlmtapError
+    from .options import capsule_dir_option
 
     @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-    @click.option(
-        "--capsule-dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        help="Directory the run capsule is created in (default: $LLMTAP_RUNS_DIR or .llmtap/runs).",
-    )
+    @capsule_dir_option("Directory the run capsule is created in (default: $LLMTAP_RUNS_DIR or .llmtap/runs).")
     @click.option(
         "--registry",
         "registry_path",

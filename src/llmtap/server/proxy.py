@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 import orjson
@@ -338,7 +339,9 @@ def build_app(
         raise ValueError("Pass transport or transport_factory to build_app, not both.")
     if transport is not None:
         shared = transport
-        transport_factory = lambda name, upstream: shared  # noqa: E731
+
+        def transport_factory(name: str, upstream: UpstreamConfig) -> UpstreamTransport:
+            return shared
     proxy = ProxyApp(config, transport_factory=transport_factory or default_transport)
     if store is None and config.observability_enabled:
         assert config.model_call_capture_dir is not None
