@@ -14,23 +14,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
 
 import orjson
 
 from ..dialects import dialect_for_path
-from ..errors import LlmtapError
+from ..errors import ConfigError, LlmtapError
+from ..export.prometheus import ServeMetrics
 from ..exchange import Exchange
-from ..health import CaptureHealth
+from ..health import HEALTH, CaptureHealth
 from ..store import CaptureStore
 from .asgi import ASGIApp, Receive, Scope, Send
 from .capture_dir import check_capture_dir
 from .config import ServeConfig, UpstreamConfig
 from .health_endpoint import HEALTH_PATH
+from .metrics_endpoint import METRICS_PATH
 from .limits import BodyTooLarge, body_too_large_payload, read_body_within, send_body_too_large
 from .middleware import EXCHANGE_SCOPE_KEY, CaptureMiddleware
+from .scope import raw_target
 from .upstream import Http1Transport, UpstreamResponse, UpstreamTransport, UpstreamUnreachable
+
+if TYPE_CHECKING:
+    from ..export.live import LiveExporter
 
 __all__ = ["ProxyApp", "TransportFactory", "UnsafeRequestTarget", "build_app", "default_transport", "upstream_url"]
 
@@ -147,12 +153,17 @@ class ProxyApp:
         # Reading the request's model costs a JSON parse: only when some upstream selects by model.
         self._selects_by_model = any(u.config.models for u in self._selective)
         self.default = self.upstreams[config.default_upstream_name]
+        # Run at lifespan shutdown after the pools close, each on a thread (they may block): the live exporter's close.
+        self.on_shutdown: list[Callable[[], object]] = []
 
     async def aclose(self) -> None:
-        """Close the pooled upstream connections (a transport shared by upstreams is closed once)."""
+        """Close the pooled upstream connections (a transport shared by upstreams is closed once), then run `on_shutdown`."""
         transports = {id(upstream.transport): upstream.transport for upstream in self.upstreams.values()}
         for transport in transports.values():
             await transport.aclose()
+        callbacks, self.on_shutdown = self.on_shutdown, []
+        for callback in callbacks:
+            await asyncio.to_thread(callback)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -239,7 +250,7 @@ class _Forwarding:
 
     async def _forward(self, body: bytes) -> None:
         try:
-            url = upstream_url(self.upstream.config.base_url, _request_target_path(self.scope), self.scope.get("query_string", b""))
+            url = upstream_url(self.upstream.config.base_url, raw_target(self.scope), self.scope.get("query_string", b""))
         except UnsafeRequestTarget as exc:
             await self._answer_refused(exc)
             return
@@ -303,15 +314,6 @@ class _Forwarding:
         await self.send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
-def _request_target_path(scope: Scope) -> str:
-    """The path as the client encoded it (`raw_path`): `path` is percent-decoded, so an encoded
-    `/` in a deployment name would split it, and `%7E` would reach the upstream as `~`."""
-    raw_path = scope.get("raw_path")
-    if isinstance(raw_path, bytes) and raw_path:
-        return raw_path.decode("latin-1")
-    return quote(scope["path"])
-
-
 def _response_headers(response: UpstreamResponse) -> list[tuple[bytes, bytes]]:
     hop = {b"connection", b"keep-alive", b"transfer-encoding", b"proxy-authenticate", b"trailer", b"upgrade"}
     return [(k, v) for k, v in response.headers if k.lower() not in hop]
@@ -330,7 +332,10 @@ def build_app(
     Capture is on when `observability_enabled` is true (the store is then opened at
     `model_call_capture_dir` unless one is given, after checking that it can be written: raises
     `ConfigError` otherwise). Each call is labelled with the `model_ref` and provider of the
-    upstream it went to. `GET /llmtap/health` answers the health document.
+    upstream it went to. `GET /llmtap/health` answers the health document, `GET /llmtap/metrics`
+    the Prometheus metrics. With an OTLP endpoint (`otlp_endpoint`, or the standard OTEL_
+    variables) each durable record is also exported as a span by a `LiveExporter`, closed at
+    lifespan shutdown. `redact: true` redacts each record before it is written.
 
     `transport` sends every upstream's requests (a `MockTransport` in tests); `transport_factory`
     makes one per upstream; without either, each upstream gets `default_transport`.
@@ -348,6 +353,11 @@ def build_app(
         check_capture_dir(config.model_call_capture_dir)
         store = CaptureStore(config.model_call_capture_dir)
     default = proxy.default.config
+    health = health or HEALTH
+    metrics = ServeMetrics(health=health)
+    live_export = _live_exporter(config, metrics) if store is not None else None
+    if live_export is not None:
+        proxy.on_shutdown.append(live_export.close)
     return CaptureMiddleware(
         proxy,
         store=store,
@@ -359,4 +369,23 @@ def build_app(
         max_request_body_bytes=config.max_request_body_bytes,
         max_decoded_body_bytes=config.max_decoded_body_bytes,
         health_path=HEALTH_PATH,
+        metrics=metrics,
+        metrics_path=METRICS_PATH,
+        live_export=live_export,
+        redact=config.redact,
     )
+
+
+def _live_exporter(config: ServeConfig, metrics: ServeMetrics) -> LiveExporter | None:
+    """The started live OTLP exporter `config` asks for, counting into `metrics`; None when export is off."""
+    enabled, endpoint = config.live_export_endpoint()
+    if not enabled:
+        return None
+    from ..export.live import LiveExporter
+    from ..export.otlp import span_exporter
+
+    try:
+        exporter = span_exporter(endpoint)
+    except LlmtapError as exc:
+        raise ConfigError(f"Live OTLP export could not start: {exc}") from exc
+    return LiveExporter(exporter, counter=metrics).start()

@@ -186,6 +186,9 @@ def run_server(config: ServeConfig) -> None:
 
 def _check_app_builds(config: ServeConfig) -> None:
     app = build_app(config)
+    live_export = getattr(app, "live_export", None)
+    if live_export is not None:
+        live_export.close(timeout=0)  # this app only checked the settings: each worker exports on its own
     store = getattr(app, "store", None)
     if store is not None:
         store.close()
