@@ -64,3 +64,26 @@ def test_records_refuses_the_directory_given_twice_or_not_at_all(capture_dir: Pa
 def test_records_positional_directory_must_exist(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["records", "list", str(tmp_path / "absent")])
     assert result.exit_code == 2 and "does not exist" in result.output
+
+
+@pytest.mark.parametrize("command", ["demo", "agent"])
+def test_the_demo_package_commands_still_start(command: str) -> None:
+    """`llmtap demo` and `llmtap agent` load from llmtap.demo now; `python -m llmtap` reaches them."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "llmtap", command, "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"Usage: python -m llmtap {command}")
+
+
+def test_the_agent_command_builds_the_reference_agent_from_the_demo_package() -> None:
+    from llmtap.cli.agent import agent
+    from llmtap.demo.agent import AGENT_SOURCE, SimpleAgentConfig, build_app
+
+    assert AGENT_SOURCE == "llmtap.agents.simple"  # recorded in observations before the move: a label, kept
+    assert agent.name == "agent"
+    app = build_app(SimpleAgentConfig(model_url="http://127.0.0.1:9"))
+    assert "/run" in {route.path for route in app.routes}

@@ -21,16 +21,16 @@ import orjson
 
 from ..dialects import dialect_for_path
 from ..errors import ConfigError, LlmtapError
-from ..export.prometheus import ServeMetrics
 from ..exchange import Exchange
+from ..export.prometheus import ServeMetrics
 from ..health import HEALTH, CaptureHealth
 from ..store import CaptureStore
 from .asgi import ASGIApp, Receive, Scope, Send
 from .capture_dir import check_capture_dir
 from .config import ServeConfig, UpstreamConfig
 from .health_endpoint import HEALTH_PATH
-from .metrics_endpoint import METRICS_PATH
 from .limits import BodyTooLarge, body_too_large_payload, read_body_within, send_body_too_large
+from .metrics_endpoint import METRICS_PATH
 from .middleware import EXCHANGE_SCOPE_KEY, CaptureMiddleware
 from .scope import raw_target
 from .upstream import Http1Transport, UpstreamResponse, UpstreamTransport, UpstreamUnreachable
