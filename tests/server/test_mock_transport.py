@@ -141,3 +141,27 @@ def test_every_upstream_error_is_an_llmtap_error_and_keeps_its_builtin_kind(erro
     assert isinstance(error, UpstreamError) and isinstance(error, LlmtapError)
     assert not isinstance(error, UpstreamClosed) or isinstance(error, ConnectionError)
     assert not isinstance(error, UpstreamReadTimeout) or isinstance(error, TimeoutError)
+
+
+async def test_a_record_that_cannot_be_written_is_counted_in_health_and_metrics_and_the_answer_still_arrives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    body = b'{"id":"c1","object":"chat.completion","model":"m","choices":[]}'
+    transport = MockTransport(lambda request: MockResponse(200, [(b"content-type", b"application/json")], body))
+    health = CaptureHealth()
+    store = CaptureStore(tmp_path / "calls")
+    app = build_app(_config(tmp_path, monkeypatch), store=store, health=health, transport=transport)
+    store.close()  # every append now fails: the store refuses records after close
+    sent = await call_app(app, http_scope("/ng-rollout/r-3/v1/chat/completions"), CHAT.replace(b"true", b"false"))
+    scraped = await call_app(app, http_scope("/llmtap/metrics", method="GET"), b"")
+    assert (sent.status, sent.body) == (200, body)
+    assert health.failures() == {"record_write_failed": 1}
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(scraped.body.decode())
+        for sample in family.samples
+    }
+    assert samples[("llmtap_capture_failures_total", (("kind", "record_write_failed"),))] == 1
+    assert not any(name == "llmtap_calls_total" for name, _ in samples)  # a call is counted once its record is durable
