@@ -216,7 +216,7 @@ def exit_quickly(code: int) -> None:
     """Exit with `code` once `llmtap run` is done, without a garbage-collector pass over everything imported.
 
     The capsule is complete; what is left is interpreter teardown, whose collections over the
-    recorder's modules would add about 7 ms to every run. Frozen objects are skipped by them;
+    recorder's modules would add milliseconds to every run (docs/benchmarks.md). Frozen objects are skipped by them;
     the rest of a normal exit (atexit handlers, thread joins, flushing) still happens.
     """
     import gc

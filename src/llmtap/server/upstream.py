@@ -4,8 +4,8 @@
 pass another implementation to `ProxyApp` without patching. The default, `Http1Transport`,
 keeps a keep-alive pool per upstream of `http1.Http1Connection`s. It is neither httpx nor
 aiohttp: httpcore's pool walks every pooled connection on each request and release (quadratic in
-the pool size), and aiohttp spent about a third of the proxy's CPU building each request (see
-docs/benchmarks.md). The proxy has its request as bytes already and wants the answer undecoded.
+the pool size), and aiohttp's request building cost more than capture (docs/benchmarks.md). The
+proxy has its request as bytes already and wants the answer undecoded.
 """
 
 from __future__ import annotations
