@@ -197,3 +197,23 @@ def test_an_otlp_endpoint_that_is_not_an_http_url_is_refused_at_start(endpoint: 
 
     with pytest.raises(ConfigError, match="otlp_endpoint"):
         load_serve_config(settings={"upstreams": {"a": {"base_url": "http://127.0.0.1:9"}}, "otlp_endpoint": endpoint})
+
+
+def test_observe_commit_renders_exactly_what_observe_call_and_observe_sync_latency_do() -> None:
+    """The commit path's one-call form of the two observations: the scraped text is the same."""
+    from llmtap.export.prometheus import ServeMetrics
+
+    calls = [("chat", 200, None, 0.8, 0.0004), ("chat", 200, None, 2.0, 0.002), ("messages", 529, "overloaded", None, 0.01),
+             ("chat", 200, None, 0.01, 0.0001), ("bogus", 99, "weird", 1.5, 0.3)]
+    combined, separate = ServeMetrics(), ServeMetrics()
+    for dialect, status, category, latency, sync in calls:
+        combined.observe_commit(dialect, status, category, latency, sync)
+        separate.observe_call(dialect, status, category, latency_seconds=latency)
+        separate.observe_sync_latency(sync)
+    rendered = {name: _samples(metrics.render().decode()) for name, metrics in (("combined", combined), ("separate", separate))}
+    created = {key for key in rendered["separate"] if key[0].endswith("_created")}
+    assert {k: v for k, v in rendered["combined"].items() if k not in created} == {
+        k: v for k, v in rendered["separate"].items() if k not in created
+    }
+    assert rendered["combined"][("llmtap_sync_latency_seconds_count", ())] == 5
+    assert rendered["combined"][("llmtap_calls_total", (("dialect", "other"), ("error_category", "other"), ("status_class", "none")))] == 1

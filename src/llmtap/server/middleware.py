@@ -108,6 +108,8 @@ class CaptureMiddleware:
         self.provider = provider
         self.health = health or HEALTH
         self.metrics = metrics
+        if metrics is not None:
+            metrics.track_in_flight(lambda: self.in_flight)  # read at scrape time: nothing per call
         self.metrics_path = metrics_path if metrics is not None else None
         self.live_export = live_export
         self.committer = None if store is None else RecordCommitter(
@@ -130,15 +132,10 @@ class CaptureMiddleware:
             await send_metrics(send, self.metrics, head_only=scope.get("method") == "HEAD")
             return
         self.in_flight += 1
-        metrics = self.metrics
-        if metrics is not None:
-            metrics.call_started()
         try:
             await self._handle(scope, receive, send)
         finally:
             self.in_flight -= 1
-            if metrics is not None:
-                metrics.call_finished()
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not scope["path"].startswith(_CORRELATION_PREFIXES):

@@ -102,15 +102,16 @@ class RecordCommitter:
         self.health.observe_sync(synced)
         self.health.count("records_written")
         if metrics is not None:
-            latency_ms = line.get("latency_ms")
-            metrics.observe_sync_latency(synced)
-            metrics.observe_call(
-                line.get("dialect"),
-                line.get("status_code"),
-                line.get("error_category"),
-                latency_seconds=latency_ms / 1000 if isinstance(latency_ms, (int, float)) else None,
-                record_bytes=record_bytes,
-            )
+            latency_ms = line["latency_ms"]
+            latency = latency_ms / 1000 if latency_ms is not None else None
+            if record_bytes is None:
+                metrics.observe_commit(line["dialect"], line["status_code"], line["error_category"], latency, synced)
+            else:
+                metrics.observe_call(
+                    line["dialect"], line["status_code"], line["error_category"],
+                    latency_seconds=latency, record_bytes=record_bytes,
+                )
+                metrics.observe_sync_latency(synced)
         if self.live_export is not None:
             self.live_export.submit(line, exchange.rollout_id)
 
