@@ -8,9 +8,9 @@ from what a client sent, so a hostile client cannot grow the number of series.
 from __future__ import annotations
 
 import bisect
+import math
 from bisect import bisect_left
 from collections.abc import Callable
-import math
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -274,14 +274,17 @@ class _CallCollector:
             calls.add_metric(list(labels), count)
         yield calls
         latency = HistogramMetricFamily(
-            "llmtap_call_latency_seconds", "Model call latency, request start to last byte, by dialect.", labels=("dialect",)
+            "llmtap_call_latency_seconds",
+            "Model call latency, request start to last byte, by dialect.",
+            labels=("dialect",),
         )
         for label, tally in sorted(metrics._latency_by_label.items()):
             latency.add_metric([label], tally.buckets(), tally.sum)
         yield latency
         for name, help_text, tally in (
             ("llmtap_record_size_bytes", "Size of each persisted record line.", metrics._record_size),
-            ("llmtap_sync_latency_seconds", "Time from a record's write to its durability (fsync).", metrics._sync_latency),
+            ("llmtap_sync_latency_seconds", "Time from a record's write to its durability (fsync).",
+             metrics._sync_latency),
         ):
             family = HistogramMetricFamily(name, help_text)
             family.add_metric([], tally.buckets(), tally.sum)

@@ -147,7 +147,8 @@ class ProxyApp:
     def __init__(self, config: ServeConfig, *, transport_factory: TransportFactory = default_transport) -> None:
         self.config = config
         self.upstreams = {
-            name: _Upstream(name, upstream, transport_factory(name, upstream)) for name, upstream in config.upstreams.items()
+            name: _Upstream(name, upstream, transport_factory(name, upstream))
+            for name, upstream in config.upstreams.items()
         }
         self._selective = [u for u in self.upstreams.values() if u.config.dialects or u.config.models]
         # Reading the request's model costs a JSON parse: only when some upstream selects by model.
@@ -157,7 +158,7 @@ class ProxyApp:
         self.on_shutdown: list[Callable[[], object]] = []
 
     async def aclose(self) -> None:
-        """Close the pooled upstream connections (a transport shared by upstreams is closed once), then run `on_shutdown`."""
+        """Close the pooled upstream connections (a shared transport once), then run `on_shutdown`."""
         transports = {id(upstream.transport): upstream.transport for upstream in self.upstreams.values()}
         for transport in transports.values():
             await transport.aclose()
@@ -250,7 +251,8 @@ class _Forwarding:
 
     async def _forward(self, body: bytes) -> None:
         try:
-            url = upstream_url(self.upstream.config.base_url, raw_target(self.scope), self.scope.get("query_string", b""))
+            target = raw_target(self.scope)
+            url = upstream_url(self.upstream.config.base_url, target, self.scope.get("query_string", b""))
         except UnsafeRequestTarget as exc:
             await self._answer_refused(exc)
             return
