@@ -15,12 +15,14 @@ Each figure is (count at N2 calls - count at N1 calls) / (N2 - N1): start-up and
 
     .venv/bin/python bench/capture_instructions.py
     .venv/bin/python bench/capture_instructions.py --fixtures chat/text-basic-gpt4o --calls 128 640
+    LLMTAP_BENCH_SERVE_METRICS=1 .venv/bin/python bench/capture_instructions.py ...   # with serve's metrics
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import shutil
 import subprocess
@@ -73,7 +75,12 @@ async def drive(name: str, capture: bool, calls: int) -> None:
     request = orjson.dumps(recorded.request_json)
     directory = tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
     store = CaptureStore(directory) if capture else None
-    middleware = CaptureMiddleware(replaying_app(recorded), store=store)
+    options = {}
+    if os.environ.get("LLMTAP_BENCH_SERVE_METRICS") == "1":  # what `llmtap serve` adds: its Prometheus metrics
+        from llmtap.export.prometheus import ServeMetrics
+
+        options["metrics"] = ServeMetrics()
+    middleware = CaptureMiddleware(replaying_app(recorded), store=store, **options)
 
     async def one(rollout_id: str) -> None:
         delivered = False

@@ -9,6 +9,8 @@ with their order rotated each round, so that machine noise lands on all of them 
     off        `llmtap serve`, capture off (prefix stripped, nothing recorded)
     on         `llmtap serve`, capture on, durable before release, capture dir on disk
     on-tmpfs   capture on into tmpfs, where fsync is free: the CPU cost of capture alone
+    on-export  (--export) capture on, each record also exported live as an OTLP span to a local sink
+    on-redact  (--redact) capture on with `redact: true`: each record scanned and redacted before it is written
 
 Each of C workers (C = 1, 16, 128) sends calls back to back under its own rollout id, as RL
 rollouts do. Latency: send to last byte. Throughput: calls per second of wall time; capture-on over
@@ -25,6 +27,7 @@ disk are counted against the calls that went through capture.
 
     /work/main/.venv/bin/python bench/proxy_bench.py            # full: 5 rounds
     /work/main/.venv/bin/python bench/proxy_bench.py --quick    # 1 short round
+    /work/main/.venv/bin/python bench/proxy_bench.py --quick --export --redact   # with the observers' targets
 """
 
 from __future__ import annotations
@@ -188,6 +191,38 @@ def serve_upstream(args: argparse.Namespace) -> None:
     loop.run_forever()
 
 
+def serve_otlp_sink() -> None:
+    """Entry point of the OTLP sink process: answer every POST with an empty 200, print `PORT <n>`.
+
+    A sink, not a collector: it reads each request whole and accepts it, so the proxy's export
+    cost is measured without a collector's own work on this machine's two cores.
+    """
+
+    class Sink(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.buffer = b""
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            assert isinstance(transport, asyncio.Transport)
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            self.buffer += data
+            while (head_end := self.buffer.find(b"\r\n\r\n")) >= 0:
+                length = CONTENT_LENGTH.search(self.buffer[:head_end])
+                body_end = head_end + 4 + (int(length.group(1)) if length else 0)
+                if len(self.buffer) < body_end:
+                    return
+                self.buffer = self.buffer[body_end:]
+                self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n")
+
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(loop.create_server(Sink, "127.0.0.1", 0))
+    print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
+    loop.add_signal_handler(signal.SIGTERM, loop.stop)
+    loop.run_forever()
+
+
 # Child processes and what they cost --------------------------------------------------------------
 
 
@@ -222,12 +257,24 @@ class Processes:
             raise SystemExit(f"The static upstream did not start (it printed {line!r}).")
         return int(line.split()[1]), process.pid
 
-    def start_proxy(self, name: str, upstream_port: int, capture_dir: Path | None) -> tuple[int, int]:
+    def start_otlp_sink(self) -> int:
+        command = [sys.executable, str(Path(__file__).resolve()), "--otlp-sink"]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, preexec_fn=die_with_parent, start_new_session=True)
+        self.started.append(process)
+        assert process.stdout is not None
+        line = process.stdout.readline().decode()
+        if not line.startswith("PORT "):
+            raise SystemExit(f"The OTLP sink did not start (it printed {line!r}).")
+        return int(line.split()[1])
+
+    def start_proxy(self, name: str, upstream_port: int, capture_dir: Path | None,
+                    overrides: tuple[str, ...] = ()) -> tuple[int, int]:
         port = free_port()
         command = [*self.serve_command, "serve", "--upstream", f"http://127.0.0.1:{upstream_port}",
                    "--host", "127.0.0.1", "--port", str(port)]
         if capture_dir is not None:
             command += ["--capture-dir", str(capture_dir)]
+        command += overrides
         log = self.workdir / f"serve-{name}.log"
         with log.open("wb") as sink:
             process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
@@ -558,13 +605,20 @@ async def run(args: argparse.Namespace, processes: Processes, workdir: Path) -> 
     capture_dirs = {"on": Path(tempfile.mkdtemp(prefix="captures-", dir=workdir))}
     if not args.no_tmpfs and os.access("/dev/shm", os.W_OK):
         capture_dirs["on-tmpfs"] = Path(tempfile.mkdtemp(prefix="llmtap-bench-", dir="/dev/shm"))
+    overrides: dict[str, tuple[str, ...]] = {}
+    if args.export:
+        capture_dirs["on-export"] = Path(tempfile.mkdtemp(prefix="captures-export-", dir=workdir))
+        overrides["on-export"] = (f"++otlp_endpoint=http://127.0.0.1:{processes.start_otlp_sink()}",)
+    if args.redact:
+        capture_dirs["on-redact"] = Path(tempfile.mkdtemp(prefix="captures-redact-", dir=workdir))
+        overrides["on-redact"] = ("++redact=true",)
     probes = {"disk_before": fsync_probe(capture_dirs["on"])}
     targets: list[Target] = []
     try:
         upstream_port, upstream_pid = processes.start_upstream(args)
         targets.append(Target("direct", f"http://127.0.0.1:{upstream_port}", None, None))
         for name in ["off", *capture_dirs]:
-            port, pid = processes.start_proxy(name, upstream_port, capture_dirs.get(name))
+            port, pid = processes.start_proxy(name, upstream_port, capture_dirs.get(name), overrides.get(name, ()))
             targets.append(Target(name, f"http://127.0.0.1:{port}", pid, None))
         print(f"processes: load generator {os.getpid()}, upstream {upstream_pid}, "
               + ", ".join(f"{t.name} {t.pid}" for t in targets if t.pid), flush=True)
@@ -617,7 +671,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--serve-cmd", default=f"{sys.executable} -m llmtap",
                         help="command taking `serve ...` arguments, to measure another build of the proxy")
     parser.add_argument("--json", dest="json_out", type=Path, help="also write every figure to this file")
+    parser.add_argument("--export", action="store_true", help="add on-export: live OTLP export to a local sink")
+    parser.add_argument("--redact", action="store_true", help="add on-redact: capture with redact: true")
     parser.add_argument("--upstream-server", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--otlp-sink", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (1 if args.quick else 5)
     args.scale = args.scale or (0.2 if args.quick else 1.0)
@@ -630,6 +687,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.upstream_server:
         serve_upstream(args)
+        return 0
+    if args.otlp_sink:
+        serve_otlp_sink()
         return 0
     workdir = Path(tempfile.mkdtemp(prefix="llmtap-proxy-bench-"))
     print(f"machine: {machine_notes()}", flush=True)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from llmtap.localmodel import LocalModelServer
+    from llmtap.demo.localmodel import LocalModelServer
     from tests.support.faults import FaultUpstream
     from tests.support.replay import ReplayUpstream
 
@@ -37,7 +37,7 @@ def isolated_llmtap_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: 
 @pytest.fixture(scope="session")
 def local_model() -> Iterator[LocalModelServer]:
     """Gemma 3 270M behind llama.cpp's OpenAI-compatible server, started once per run."""
-    from llmtap.localmodel import LocalModelServer
+    from llmtap.demo.localmodel import LocalModelServer
 
     with LocalModelServer() as server:
         yield server

@@ -17,6 +17,54 @@ SPEC_NAMES = {
 }
 
 
+# The exact public API: adding or removing a name is a decision, made here as well as in _EXPORTS.
+PUBLIC_API = [
+    "AgentObservations", "AppendResult", "AttachOptions", "Capture", "CaptureMiddleware", "CaptureRecordError",
+    "CaptureStore", "CollectError", "ConfigError", "Exchange", "InvalidRolloutIdError", "LlmtapError",
+    "MODEL_SAMPLING_HEADER", "MODEL_SAMPLING_NULL", "ModelCallRecord", "ModelCallSampling", "ModelCallSamplingConfig",
+    "ObservationRecorder", "ROLLOUT_ID_PATTERN", "ReadResult", "StoreError", "TerminalAttribution", "__version__",
+    "aggregate_model_call_metrics", "attach_file", "attach_rollout", "base_url_for_run", "capture", "collect_rollouts",
+    "current_model_sampling_segment", "current_rollout_id", "decode_model_sampling", "encode_model_sampling",
+    "join_model_call_observations", "model_call_sampling_config", "model_sampling_context",
+    "model_sampling_from_run_body", "model_sampling_path_segment", "project_trajectory", "read_model_call_records",
+    "read_rollout_calls", "resolve_model_base_url", "resolve_terminal", "rollout", "rollout_context",
+    "rollout_id_from_run", "rollout_id_from_run_body", "url_path_for_request", "url_path_for_run",
+    "validate_rollout_id", "with_model_sampling_segment",
+]
+
+
+def test_the_public_api_is_exactly_this_list() -> None:
+    assert llmtap.__all__ == PUBLIC_API
+    assert dir(llmtap) == PUBLIC_API
+
+
+def test_every_public_name_imports_from_llmtap() -> None:
+    namespace: dict[str, object] = {}
+    exec(f"from llmtap import {', '.join(PUBLIC_API)}", namespace)
+    assert set(PUBLIC_API) <= set(namespace)
+
+
+_PUBLIC_MODULES = """
+import inspect, llmtap
+shown = {}
+for name in llmtap.__all__:
+    value = getattr(llmtap, name)
+    if inspect.isclass(value) or inspect.isfunction(value):
+        shown[name] = value.__module__
+print(sorted(set(shown.values())), len(shown))
+print(repr(llmtap.CaptureStore), llmtap.ConfigError("x").__class__.__module__)
+"""
+
+
+def test_public_classes_and_functions_show_the_llmtap_path() -> None:
+    """Reprs and tracebacks name `llmtap.CaptureStore`, not the private module that defines it."""
+    done = subprocess.run([sys.executable, "-c", _PUBLIC_MODULES], capture_output=True, text=True, timeout=60, check=True)
+    modules, rest = done.stdout.splitlines()
+    assert modules.startswith("['llmtap'] ")
+    assert int(modules.split()[-1]) >= 40
+    assert rest == "<class 'llmtap.CaptureStore'> llmtap"
+
+
 def test_all_is_sorted_and_every_name_resolves() -> None:
     assert llmtap.__all__ == sorted(llmtap.__all__)
     for name in llmtap.__all__:
@@ -55,7 +103,7 @@ class Absent(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, Absent())
-import llmtap, llmtap.cli, llmtap.demo, llmtap.server.run, llmtap.server.proxy, llmtap.capture, llmtap.records
+import llmtap, llmtap.cli, llmtap.demo.run, llmtap.server.run, llmtap.server.proxy, llmtap.capture, llmtap.records
 from llmtap.hooks.install import acquire_hooks
 print("ok")
 """

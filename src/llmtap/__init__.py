@@ -84,6 +84,9 @@ def __getattr__(name: str) -> Any:
     from importlib import import_module
 
     value = getattr(import_module(module_name), name)
+    if isinstance(value, type) or callable(value) and hasattr(value, "__code__"):
+        # Reprs, tracebacks and docs show the public path (`llmtap.CaptureStore`), as httpx does.
+        value.__module__ = "llmtap"
     globals()[name] = value
     return value
 

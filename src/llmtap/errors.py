@@ -8,7 +8,13 @@
     │   ├── CaptureRecordError a persisted line is damaged (also a ValueError); keeps path and line number
     │   ├── UnsafeCaptureFileError  a capture file is a link, FIFO or other non-regular file: refused
     │   └── CaptureDirectoryError   the capture directory is missing, not a directory, or not writable
-    └── LocalModelError        the local model server could not start (llmtap.localmodel)
+    ├── UpstreamError          the proxy's upstream gave no usable answer (llmtap.server)
+    │   ├── UpstreamUnreachable     no response came back: refused, unresolvable, timed out
+    │   ├── UpstreamProtocolError   the upstream's bytes are not a valid HTTP/1.1 response
+    │   ├── UpstreamClosed          the connection closed mid-response (also a ConnectionError)
+    │   └── UpstreamReadTimeout     no byte within the read timeout (also a TimeoutError)
+    ├── TaskError              a `/run` body is not a task the demo agent can run (also a ValueError)
+    └── LocalModelError        the local model server could not start (llmtap.demo.localmodel)
         └── MissingLocalModelError  its packages are not installed (also an ImportError)
 
 Capture code never raises into the workload: it categorises, counts and logs once instead.
@@ -28,6 +34,7 @@ __all__ = [
     "LlmtapError",
     "StoreError",
     "UnsafeCaptureFileError",
+    "UpstreamError",
 ]
 
 
@@ -53,6 +60,10 @@ class InvalidRolloutIdError(LlmtapError, ValueError):
             f"Rollout id {rollout_id!r} is not valid{detail}: use ASCII letters, digits, '.', '_' "
             "and '-', starting with a letter or digit."
         )
+
+
+class UpstreamError(LlmtapError):
+    """Base of the errors the proxy's upstream transport raises (`llmtap.server.upstream`, `.http1`)."""
 
 
 class StoreError(LlmtapError):

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from llmtap.demo import ServeProcess, run_tool_agent
-from llmtap.localmodel import LocalModelServer
+from llmtap.demo.run import ServeProcess, run_tool_agent
+from llmtap.demo.localmodel import LocalModelServer
 from llmtap.store import CaptureStore
 
 pytestmark = pytest.mark.slow

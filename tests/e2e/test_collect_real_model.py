@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 import pytest
 
-from llmtap.agents.simple import SimpleAgentConfig, build_app
+from llmtap.demo.agent import SimpleAgentConfig, build_app
 from llmtap.dialects.history import request_items, response_items
-from llmtap.localmodel import LocalModelServer
+from llmtap.demo.localmodel import LocalModelServer
 from llmtap.records import ModelCallRecord
 from llmtap.rollouts.collect_files import attempts_path_for
 from llmtap.rollouts.trajectory import model_visible_history, model_visible_input

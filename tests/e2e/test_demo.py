@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from llmtap.demo import run_demo
+from llmtap.demo.run import run_demo
 from llmtap.store import CaptureStore
 from llmtap.store.readers import read_model_call_records
 

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from llmtap.localmodel import LocalModelServer
+from llmtap.demo.localmodel import LocalModelServer
 from llmtap.store import CaptureStore
 from llmtap.store.readers import read_model_call_records
 from tests.e2e.serve_harness import serving

@@ -3,7 +3,7 @@
 The attack: `/ng-rollout/x%2F@evil:9666/v1/chat/completions` (sent as is, e.g. `curl --path-as-is`)
 decodes to a valid-looking prefix, while the raw text after it, appended to a base URL without a
 path, turns `evil` into the URL's host. Every variant is sent two ways: through the proxy app with
-a transport that records where each request would go (http and https bases, with and without a
+a `MockTransport` that records where each request would go (http and https bases, with and without a
 path), and as raw bytes over a socket to a real `llmtap serve` between a home upstream and a
 honeypot that must never see a byte.
 """
@@ -23,6 +23,7 @@ from llmtap import CaptureStore, read_model_call_records
 from llmtap.errors import ConfigError
 from llmtap.health import CaptureHealth
 from llmtap.server.config import load_serve_config
+from llmtap.server.mock_transport import MockRequest, MockResponse, MockTransport
 from llmtap.server.proxy import UnsafeRequestTarget, build_app, upstream_url
 from tests.e2e.serve_harness import serving
 from tests.server.asgi_harness import call_app
@@ -50,18 +51,9 @@ HOSTILE_PATHS = {
 BASES = ["http://127.0.0.1:HOME", "http://127.0.0.1:HOME/gateway", "https://127.0.0.1:HOME", "https://127.0.0.1:HOME/gateway/v1"]
 
 
-class _RecordingTransport:
-    """Stands in for the upstream pool: remembers each URL and the headers sent with it."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, list[tuple[bytes, bytes]]]] = []
-
-    async def send(self, method: str, url: str, headers: list[tuple[bytes, bytes]], body: bytes):  # type: ignore[no-untyped-def]
-        self.sent.append((url, headers))
-        raise AssertionError("the recording transport is only reached by a request that was forwarded")
-
-    async def aclose(self) -> None:
-        return None
+def _answer_if_forwarded(request: MockRequest) -> MockResponse:
+    """What a forwarded request would get: a 200, which the test would see instead of the refusal."""
+    return MockResponse(200, [(b"content-type", b"application/json")], ANSWER)
 
 
 def _scope(raw_path: str) -> dict[str, object]:
@@ -92,13 +84,12 @@ async def test_no_hostile_path_reaches_another_host(
         }
     )
     with CaptureStore(tmp_path / "calls") as store:
-        app = build_app(config, store=store, health=CaptureHealth())
-        transport = _RecordingTransport()
-        app.app.default.transport = transport  # type: ignore[attr-defined]
+        transport = MockTransport(_answer_if_forwarded)
+        app = build_app(config, store=store, health=CaptureHealth(), transport=transport)
         sent = await call_app(app, _scope(HOSTILE_PATHS[name].replace("EVIL", "evil.example:9666")), CHAT)
     assert sent.status == 400, sent.body
     assert orjson.loads(sent.body)["error"]["code"] in {"invalid_path", "invalid_rollout_id", "invalid_model_sampling"}
-    assert transport.sent == []  # nothing forwarded at all, so no credential anywhere
+    assert transport.requests == []  # nothing forwarded at all, so no credential anywhere
 
 
 async def test_a_prefix_with_nothing_after_it_leaves_the_root_path() -> None:

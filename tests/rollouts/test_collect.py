@@ -298,7 +298,7 @@ def test_an_unreachable_agent_is_reported_before_any_row(setup: Setup, tmp_path:
 
 
 def test_the_reference_agent_routes_its_calls_and_reports_its_observations(replay_upstream: ReplayUpstream, tmp_path: Path) -> None:
-    from llmtap.agents.simple import SimpleAgentConfig, build_app
+    from llmtap.demo.agent import SimpleAgentConfig, build_app
 
     capture_dir = tmp_path / "calls"
     with serving(replay_upstream.base_url, capture_dir) as (proxy, _):

@@ -19,8 +19,8 @@ import httpx  # noqa: E402
 import openai  # noqa: E402
 from openai.types.chat import ChatCompletionMessageParam  # noqa: E402
 
-from llmtap import localmodel  # noqa: E402
-from llmtap.localmodel import LocalModelError, LocalModelServer, MissingLocalModelError, ensure_model_file  # noqa: E402
+from llmtap.demo import localmodel  # noqa: E402
+from llmtap.demo.localmodel import LocalModelError, LocalModelServer, MissingLocalModelError, ensure_model_file  # noqa: E402
 from tests.fixtures import RecordedExchange, all_fixtures, fixture  # noqa: E402
 from tests.support.faults import DEFAULT_FIXTURES, FaultUpstream, refused_port, sse_events  # noqa: E402
 from tests.support.replay import FIXTURE_HEADER, ReplayUpstream, split_into_pieces  # noqa: E402

@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from llmtap import CaptureStore, read_model_call_records
-from llmtap.agents.simple import SimpleAgentConfig, build_app
-from llmtap.localmodel import LocalModelServer
+from llmtap.demo.agent import SimpleAgentConfig, build_app
+from llmtap.demo.localmodel import LocalModelServer
 from llmtap.view.summary import call_outcome
 from tests.e2e.serve_harness import serving
 from tests.support.servers import ServerThread

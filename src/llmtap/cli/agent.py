@@ -43,7 +43,7 @@ def simple(
         raise click.ClickException(
             "The reference agent needs the openai SDK; install it with: pip install 'llmtap[model]'"
         ) from None
-    from ..agents.simple import SimpleAgentConfig, build_app
+    from ..demo.agent import SimpleAgentConfig, build_app
 
     api_key = "no-key-needed"
     if api_key_env:

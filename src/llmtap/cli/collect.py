@@ -22,6 +22,7 @@ from rich.progress import (
 from rich.text import Text
 
 from ..errors import LlmtapError
+from .options import capture_dir_option
 
 __all__ = ["attach", "collect"]
 
@@ -83,7 +84,7 @@ def _parse_overrides(overrides: tuple[str, ...], capture_dir: Path | None) -> Pa
 @click.option("--agent-url", required=True, help="Base URL of the agent server; rows go to its POST /run.")
 @click.option("--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="Task rows (JSONL).")
 @click.option("--output", "output_path", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Rollout rows (JSONL).")
-@click.option("--capture-dir", type=click.Path(file_okay=False, path_type=Path), help="The model server's capture directory; attach its calls.")
+@capture_dir_option("The model server's capture directory; attach its calls.")
 @click.option("--num-repeats", type=click.IntRange(min=1), default=1, show_default=True, help="Rollouts per task.")
 @click.option("--limit", type=click.IntRange(min=0), help="Collect only the first N tasks.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Rollouts in flight at once.")
@@ -174,7 +175,7 @@ def _summarize(console: Console, report: Any) -> None:
 
 @click.command()
 @click.argument("rollouts", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="ROLLOUTS.jsonl")
-@click.option("--capture-dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path), help="Capture directory the model server wrote to.")
+@capture_dir_option("Capture directory the model server wrote to.", required=True, must_exist=True)
 @click.option("--output", "output_path", type=click.Path(dir_okay=False, path_type=Path), help="Where to write (default: replace ROLLOUTS.jsonl atomically).")
 @_attach_option_flags
 def attach(

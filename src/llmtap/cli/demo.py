@@ -6,14 +6,16 @@ from pathlib import Path
 
 import click
 
+from .options import capture_dir_option
+
 __all__ = ["demo"]
 
 
 @click.command()
-@click.option("--capture-dir", type=click.Path(file_okay=False, path_type=Path), help="Where to capture (default ./.llmtap/demo-calls).")
+@capture_dir_option("Where to capture (default ./.llmtap/demo-calls).")
 def demo(capture_dir: Path | None) -> None:
     """Run a tool-using agent against a local model through llmtap serve, and show what was captured."""
-    from ..demo import run_demo
+    from ..demo.run import run_demo
     from ..errors import LlmtapError
 
     try:

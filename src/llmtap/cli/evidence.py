@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ..errors import LlmtapError
+from .options import capsule_dir_option, json_option
 
 __all__ = ["export_evidence", "verify"]
 
@@ -30,11 +31,7 @@ __all__ = ["export_evidence", "verify"]
     type=click.Path(dir_okay=False, path_type=Path),
     help="The private key (from `llmtap keys generate`).",
 )
-@click.option(
-    "--capsule-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Directory holding the run capsules, for a run id (default: $LLMTAP_RUNS_DIR or .llmtap/runs).",
-)
+@capsule_dir_option("Directory holding the run capsules, for a run id (default: $LLMTAP_RUNS_DIR or .llmtap/runs).")
 def export_evidence(capsule_ref: str, bundle: Path, key_path: Path, capsule_dir: Path | None) -> None:
     """Export a finished capsule (a path, run id, id prefix or `latest`) as a signed evidence bundle.
 
@@ -70,7 +67,7 @@ def export_evidence(capsule_ref: str, bundle: Path, key_path: Path, capsule_dir:
     help="The signer's public key; the bundle's own key must be this one.",
 )
 @click.option("--fingerprint", "expected_fingerprint", help="The signer's key fingerprint (64 hex), instead of --key.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option("Print the report as JSON.")
 def verify(bundle: Path, key_path: Path | None, expected_fingerprint: str | None, as_json: bool) -> None:
     """Check an evidence bundle: every digest, both signatures, the file list, the zip's shape.
 

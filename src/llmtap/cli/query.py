@@ -13,6 +13,7 @@ import orjson
 
 from ..errors import LlmtapError
 from .export import require_export_extra
+from .options import json_option
 
 __all__ = ["query"]
 
@@ -21,7 +22,7 @@ __all__ = ["query"]
 @click.argument("sql")
 @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="PATH")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV instead of a table.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per row instead of a table.")
+@json_option("Print one JSON object per row instead of a table.")
 @click.option(
     "--cache",
     "cache_dir",

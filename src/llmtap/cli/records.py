@@ -10,16 +10,16 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from ..display import calls_table, format_value, metrics_line, print_table
 from ..errors import LlmtapError, UnsafeCaptureFileError
 from ..store import CaptureStore
 from ..store.readers import aggregate_model_call_metrics, read_rollout_calls
+from .display import calls_table, format_value, metrics_line, print_table
+from .options import capture_dir_or_argument
 
 __all__ = ["records"]
 
-capture_dir_argument = click.argument(
-    "capture_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="DIR"
-)
+# `--capture-dir DIR` as in every other command; `DIR` first, as before, still works.
+capture_dir_argument = capture_dir_or_argument()
 
 
 def _open_store(capture_dir: Path) -> CaptureStore:
@@ -94,8 +94,7 @@ def status(capture_dir: Path) -> None:
 
 
 @records.command("path")
-@capture_dir_argument
-@click.argument("rollout_id")
+@capture_dir_or_argument("rollout_id")
 def path(capture_dir: Path, rollout_id: str) -> None:
     """Print the capture file of a rollout."""
     store = _open_store(capture_dir)
@@ -106,8 +105,7 @@ def path(capture_dir: Path, rollout_id: str) -> None:
 
 
 @records.command("show")
-@capture_dir_argument
-@click.argument("rollout_id")
+@capture_dir_or_argument("rollout_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the normalized records as JSON lines.")
 @click.option("--payloads/--no-payloads", default=False, help="With --json, include request and response payloads.")
 @click.option("--wide", is_flag=True, help="Show every column, whatever the terminal's width.")

@@ -175,13 +175,10 @@ def _command() -> click.Command:
     import click
 
     from ..errors import LlmtapError
+    from .options import capsule_dir_option
 
     @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-    @click.option(
-        "--capsule-dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        help="Directory the run capsule is created in (default: $LLMTAP_RUNS_DIR or .llmtap/runs).",
-    )
+    @capsule_dir_option("Directory the run capsule is created in (default: $LLMTAP_RUNS_DIR or .llmtap/runs).")
     @click.option(
         "--registry",
         "registry_path",
@@ -219,7 +216,7 @@ def exit_quickly(code: int) -> None:
     """Exit with `code` once `llmtap run` is done, without a garbage-collector pass over everything imported.
 
     The capsule is complete; what is left is interpreter teardown, whose collections over the
-    recorder's modules would add about 7 ms to every run. Frozen objects are skipped by them;
+    recorder's modules would add milliseconds to every run (docs/benchmarks.md). Frozen objects are skipped by them;
     the rest of a normal exit (atexit handlers, thread joins, flushing) still happens.
     """
     import gc

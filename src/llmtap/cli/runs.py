@@ -149,7 +149,7 @@ def show_run(run_ref: str, capsule_dir: Path | None, as_json: bool, calls: bool,
     if model_calls:
         from rich.console import Console
 
-        from ..display import model_calls_table, print_table
+        from .display import model_calls_table, print_table
 
         console = Console()
         print_table(console, model_calls_table(model_calls, width=console.width, wide=wide), wide=wide)

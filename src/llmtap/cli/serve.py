@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from ..errors import LlmtapError
+from .options import capsule_dir_option, capture_dir_option
 
 __all__ = ["serve"]
 
@@ -16,9 +17,9 @@ __all__ = ["serve"]
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help="YAML config file.")
 @click.option("--upstream", help="Base URL of a single upstream (instead of an upstreams: block).")
 @click.option("--upstream-key-env", help="Environment variable holding the --upstream API key.")
-@click.option("--capture-dir", type=click.Path(file_okay=False, path_type=Path), help="Enable capture into DIR.")
+@capture_dir_option("Enable capture into DIR.")
 @click.option("--capsule", is_flag=True, help="Record into a new run capsule (under --capsule-dir) instead of a capture dir.")
-@click.option("--capsule-dir", type=click.Path(file_okay=False, path_type=Path), help="Where capsules go (default .llmtap/runs).")
+@capsule_dir_option("Where capsules go (default .llmtap/runs).")
 @click.option("--model-ref", help="Name for the --upstream's model_ref (type responses_api_models).")
 @click.option("--host", help="Address to bind (default 127.0.0.1).")
 @click.option("--port", type=int, help="Port to bind (default 8787).")

@@ -7,10 +7,15 @@ from what a client sent, so a hostile client cannot grow the number of series.
 
 from __future__ import annotations
 
+import bisect
+import math
+from bisect import bisect_left
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.utils import floatToGoString
 
 from ..dialects import DIALECTS
 from ..records import ERROR_CATEGORIES
@@ -33,6 +38,8 @@ _CALL_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 12
 _SYNC_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 _SIZE_BUCKETS = (1_000, 4_000, 16_000, 64_000, 256_000, 1_000_000, 4_000_000, 16_000_000)
 _MAX_EVENT_NAME = 64
+# Distinct raw (dialect, status, category) keys tallied apart; status codes and the fixed sets bound them.
+_MAX_CACHED_KEYS = 4096
 
 
 class ServeMetrics:
@@ -49,32 +56,22 @@ class ServeMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._dialects = frozenset(DIALECTS)
         self._categories = frozenset(ERROR_CATEGORIES)
-        self._calls = Counter(
-            "llmtap_calls",
-            "Captured model calls, by dialect, HTTP status class and error category.",
-            ("dialect", "status_class", "error_category"),
-            registry=self.registry,
-        )
+        # The per-call metrics are tallied in plain ints on the serving thread and turned into metric
+        # families at scrape time (`_CallCollector`): a prometheus_client child takes a lock per
+        # increment and `labels()` builds its key each time, which cost more than the rest of the commit.
+        self._call_counts: dict[tuple[str | None, int | None, str | None], int] = {}
+        self._call_latency_by_dialect: dict[str | None, _Tally] = {}
+        self._sync_latency = _Tally(_SYNC_BUCKETS)
+        self._record_size = _Tally(_SIZE_BUCKETS)
+        self._latency_by_label: dict[str, _Tally] = {}
+        self.registry.register(_CallCollector(self))
         self._capture_failures = Counter(
             "llmtap_capture_failures", "Capture failures, by kind.", ("kind",), registry=self.registry
         )
-        self._record_size = Histogram(
-            "llmtap_record_size_bytes", "Size of each persisted record line.", buckets=_SIZE_BUCKETS, registry=self.registry
-        )
-        self._sync_latency = Histogram(
-            "llmtap_sync_latency_seconds",
-            "Time from a record's write to its durability (fsync).",
-            buckets=_SYNC_BUCKETS,
-            registry=self.registry,
-        )
-        self._call_latency = Histogram(
-            "llmtap_call_latency_seconds",
-            "Model call latency, request start to last byte, by dialect.",
-            ("dialect",),
-            buckets=_CALL_BUCKETS,
-            registry=self.registry,
-        )
         self._in_flight = Gauge("llmtap_calls_in_flight", "Model calls in progress.", registry=self.registry)
+        # Counted in a plain int on the serving thread and read at scrape time: no lock per call.
+        self._in_flight_count = 0
+        self._in_flight.set_function(lambda: self._in_flight_count)
         self._spans_exported = Counter(
             "llmtap_otlp_spans_exported", "Spans the OTLP collector accepted.", registry=self.registry
         )
@@ -95,17 +92,70 @@ class ServeMetrics:
         latency_seconds: float | None = None,
         record_bytes: int | None = None,
     ) -> None:
-        """Count one finished call; latency and record size are observed when known."""
-        dialect_label = dialect if dialect in self._dialects else _OTHER if dialect else _NONE
-        if error_category is None:
-            category = _NONE
-        else:
-            category = error_category if error_category in self._categories else _OTHER
-        self._calls.labels(dialect_label, _status_class(status_code), category).inc()
+        """Count one finished call; latency and record size are observed when known.
+
+        Call from the serving thread (the event loop), as the middleware does: the tallies take no lock.
+        """
+        key = (dialect, status_code, error_category)
+        counts = self._call_counts
+        if key in counts or len(counts) < _MAX_CACHED_KEYS:
+            counts[key] = counts.get(key, 0) + 1
+        else:  # an unbounded key space (a hostile upstream's statuses): folded into the labels at once
+            folded = (_OTHER, None, _OTHER)
+            counts[folded] = counts.get(folded, 0) + 1
         if latency_seconds is not None and latency_seconds >= 0:
-            self._call_latency.labels(dialect_label).observe(latency_seconds)
+            tally = self._call_latency_by_dialect.get(dialect)
+            if tally is None:
+                tally = self._latency_by_label.setdefault(self._dialect_label(dialect), _Tally(_CALL_BUCKETS))
+                if len(self._call_latency_by_dialect) < _MAX_CACHED_KEYS:
+                    self._call_latency_by_dialect[dialect] = tally
+            tally.observe(latency_seconds)
         if record_bytes is not None and record_bytes >= 0:
             self._record_size.observe(record_bytes)
+
+    def observe_commit(
+        self,
+        dialect: str | None,
+        status_code: int | None,
+        error_category: str | None,
+        latency_seconds: float | None,
+        sync_seconds: float,
+    ) -> None:
+        """`observe_call` and `observe_sync_latency` of one durable record in one call: serve's commit path.
+
+        One method call instead of two, and the tallies inlined: this runs once per captured call.
+        """
+        key = (dialect, status_code, error_category)
+        counts = self._call_counts
+        count = counts.get(key)
+        if count is not None:
+            counts[key] = count + 1
+        else:
+            self.observe_call(dialect, status_code, error_category, latency_seconds=latency_seconds)
+            self.observe_sync_latency(sync_seconds)
+            return
+        if latency_seconds is not None and latency_seconds >= 0:
+            tally = self._call_latency_by_dialect.get(dialect)
+            if tally is None:
+                tally = self._latency_by_label.setdefault(self._dialect_label(dialect), _Tally(_CALL_BUCKETS))
+            tally.counts[bisect_left(tally.bounds, latency_seconds)] += 1
+            tally.sum += latency_seconds
+        if sync_seconds >= 0:
+            sync = self._sync_latency
+            sync.counts[bisect_left(sync.bounds, sync_seconds)] += 1
+            sync.sum += sync_seconds
+
+    def track_in_flight(self, source: Callable[[], int]) -> None:
+        """Read the calls in flight from `source` at scrape time (the middleware's own count), at no cost per call."""
+        self._in_flight.set_function(source)
+
+    def _dialect_label(self, dialect: str | None) -> str:
+        return dialect if dialect in self._dialects else _OTHER if dialect else _NONE
+
+    def _category(self, error_category: str | None) -> str:
+        if error_category is None:
+            return _NONE
+        return error_category if error_category in self._categories else _OTHER
 
     def observe_capture_failure(self, kind: str) -> None:
         """Count one capture failure of a kind the code names (`record_write_failed`, ...)."""
@@ -114,15 +164,15 @@ class ServeMetrics:
     def observe_sync_latency(self, seconds: float) -> None:
         """Observe how long one record took to become durable."""
         if seconds >= 0:
-            self._sync_latency.observe(seconds)
+            self._sync_latency.observe(seconds)  # a plain tally: call from the serving thread
 
     def call_started(self) -> None:
-        """A call began: one more in flight."""
-        self._in_flight.inc()
+        """A call began: one more in flight (call from the serving thread, as the middleware does)."""
+        self._in_flight_count += 1
 
     def call_finished(self) -> None:
         """A call ended, however it ended: one fewer in flight."""
-        self._in_flight.dec()
+        self._in_flight_count -= 1
 
     def observe_spans_exported(self, count: int) -> None:
         """Count spans the collector accepted."""
@@ -173,3 +223,69 @@ class _HealthCollector:
         for label, count in sorted(totals.items()):
             family.add_metric([label], count)
         yield family
+
+
+class _Tally:
+    """A histogram's bucket counts and sum, kept without a lock (one writer: the serving thread)."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative buckets as the text format wants them, `+Inf` last."""
+        found, running = [], 0
+        for bound, count in zip((*self.bounds, math.inf), self.counts):
+            running += count
+            found.append(("+Inf" if bound == math.inf else floatToGoString(bound), float(running)))
+        return found
+
+
+class _CallCollector:
+    """Turns `ServeMetrics`' per-call tallies into metric families at scrape time."""
+
+    def __init__(self, metrics: ServeMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        metrics = self._metrics
+        calls = CounterMetricFamily(
+            "llmtap_calls",
+            "Captured model calls, by dialect, HTTP status class and error category.",
+            labels=("dialect", "status_class", "error_category"),
+        )
+        folded: dict[tuple[str, str, str], int] = {}
+        for (dialect, status_code, category), count in list(metrics._call_counts.items()):
+            labels = (metrics._dialect_label(dialect), _status_class(status_code), metrics._category(category))
+            folded[labels] = folded.get(labels, 0) + count
+        for labels, count in sorted(folded.items()):
+            calls.add_metric(list(labels), count)
+        yield calls
+        latency = HistogramMetricFamily(
+            "llmtap_call_latency_seconds",
+            "Model call latency, request start to last byte, by dialect.",
+            labels=("dialect",),
+        )
+        for label, tally in sorted(metrics._latency_by_label.items()):
+            latency.add_metric([label], tally.buckets(), tally.sum)
+        yield latency
+        for name, help_text, tally in (
+            ("llmtap_record_size_bytes", "Size of each persisted record line.", metrics._record_size),
+            ("llmtap_sync_latency_seconds", "Time from a record's write to its durability (fsync).",
+             metrics._sync_latency),
+        ):
+            family = HistogramMetricFamily(name, help_text)
+            family.add_metric([], tally.buckets(), tally.sum)
+            yield family

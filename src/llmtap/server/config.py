@@ -15,6 +15,8 @@ Example::
         api_key_env: OPENAI_API_KEY
         model_ref: {type: responses_api_models, name: policy_model}
     sampling_overrides: {temperature: 0.7}
+    otlp_endpoint: http://127.0.0.1:4318     # live OpenTelemetry export (or OTEL_EXPORTER_OTLP_*ENDPOINT)
+    redact: true                             # secrets in payloads are redacted before a record is written
 """
 
 from __future__ import annotations
@@ -104,6 +106,21 @@ class ServeConfig(BaseModel):
     max_decoded_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     header_read_timeout_s: float = Field(default=30.0, gt=0)
     max_request_head_bytes: int = Field(default=64 * 1024, ge=1024)
+    # Where each durable record is also sent as an OTLP span (a base URL gets /v1/traces). Unset,
+    # the standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT turn it on.
+    otlp_endpoint: str | None = None
+    # Redact every secret the scanner finds in a record (llmtap.trust.redaction) before it is written.
+    redact: bool = False
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        url = yarl.URL(value)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"otlp_endpoint {value!r} must be an http:// or https:// URL with a host")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> ServeConfig:
@@ -121,6 +138,18 @@ class ServeConfig(BaseModel):
                 f"default_upstream {self.default_upstream!r} is not one of the upstreams {sorted(self.upstreams)}"
             )
         return self
+
+    def live_export_endpoint(self) -> tuple[bool, str | None]:
+        """Whether serve exports spans live, and to which endpoint (None: the exporter reads the OTEL_ variables).
+
+        The config key wins; otherwise either standard variable turns export on, and the official
+        exporter then applies the standard rules (a traces endpoint as is, a base endpoint plus
+        `/v1/traces`).
+        """
+        if self.otlp_endpoint is not None:
+            return True, self.otlp_endpoint
+        standard = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+        return any(os.environ.get(name) for name in standard), None
 
     @property
     def default_upstream_name(self) -> str:

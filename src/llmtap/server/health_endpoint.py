@@ -4,10 +4,13 @@ The answer is JSON, never captured, and outside every model path (no dialect own
 
     {"ready": true, "capture": {"enabled": true, "dir": "/abs/model-calls", "dir_writable": true},
      "records_written": 12, "capture_failures": {"record_write_failed": 1}, "capture_failures_total": 1,
-     "sync_latency_ms": {"p50": 0.41, "p99": 3.2, "samples": 12}, "in_flight": 3, "counts": {...}}
+     "sync_latency_ms": {"p50": 0.41, "p99": 3.2, "samples": 12}, "in_flight": 3, "counts": {...},
+     "otlp_export": {"exported": 10, "queued": 2, "dropped": {"queue_full": 0, "export_failed": 0, ...},
+                     "dropped_total": 0, ...}}
 
 `ready` is false when capture is on and its directory is gone or no longer writable: calls would
-still be served, but not recorded. Null means unknown: the latencies are null before any sync.
+still be served, but not recorded. Null means unknown: the latencies are null before any sync, and `otlp_export` is null when serve
+exports no spans (no `otlp_endpoint`). `/llmtap/metrics` (`metrics_endpoint`) is routed the same way.
 """
 
 from __future__ import annotations
@@ -26,8 +29,13 @@ __all__ = ["HEALTH_PATH", "health_report", "send_health"]
 HEALTH_PATH = "/llmtap/health"
 
 
-def health_report(health: CaptureHealth, capture_dir: Path | None, in_flight: int) -> dict[str, Any]:
-    """Return the health document for a server capturing into `capture_dir` (None: capture off)."""
+def health_report(
+    health: CaptureHealth, capture_dir: Path | None, in_flight: int, *, otlp_export: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Return the health document for a server capturing into `capture_dir` (None: capture off).
+
+    `otlp_export` is the live exporter's `counts()`, when serve exports spans.
+    """
     writable = None if capture_dir is None else _writable_directory(capture_dir)
     failures = health.failures()
     counts = health.snapshot()
@@ -44,6 +52,9 @@ def health_report(health: CaptureHealth, capture_dir: Path | None, in_flight: in
         "sync_latency_ms": health.sync_latency_ms(),
         "in_flight": in_flight,
         "counts": counts,
+        "otlp_export": None if otlp_export is None else {
+            **otlp_export, "dropped_total": sum(otlp_export.get("dropped", {}).values())
+        },
     }
 
 

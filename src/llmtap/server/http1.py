@@ -16,6 +16,8 @@ from typing import AsyncIterator
 
 import httptools
 
+from ..errors import UpstreamError
+
 __all__ = [
     "HIGH_WATER",
     "Http1Connection",
@@ -29,15 +31,15 @@ __all__ = [
 HIGH_WATER = 256 * 1024
 
 
-class UpstreamClosed(ConnectionError):
+class UpstreamClosed(UpstreamError, ConnectionError):
     """The upstream closed the connection before its response was complete."""
 
 
-class UpstreamReadTimeout(TimeoutError):
+class UpstreamReadTimeout(UpstreamError, TimeoutError):
     """No byte came from the upstream for the read timeout while a response was awaited."""
 
 
-class UpstreamProtocolError(Exception):
+class UpstreamProtocolError(UpstreamError):
     """The upstream's bytes are not a valid HTTP/1.1 response."""
 
 

@@ -11,7 +11,8 @@ call's record is fsynced, so when an agent's call returns, its record is on disk
 Bounds (all optional here, all set by `llmtap serve`): `max_request_body_bytes` refuses a larger
 body with a 413 that is still recorded, `max_decoded_body_bytes` caps how far a compressed
 response is decoded for its record, and `health_path` answers the health document there
-(`health_endpoint`). A record of a large call is built on a helper thread, off the event loop.
+(`health_endpoint`), `metrics_path` the Prometheus metrics (`metrics_endpoint`). Records are
+built, redacted when asked, stored and then observed by `record_commit.RecordCommitter`.
 
 Usage::
 
@@ -26,10 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping
-from urllib.parse import quote, unquote
+from typing import TYPE_CHECKING, Any, Mapping
+from urllib.parse import unquote
 
 import orjson
 
@@ -44,38 +43,32 @@ from ..correlation.sampling import (
     split_sampling_segment,
 )
 from ..dialects import Dialect, dialect_for_path, get_dialect
-from ..errors import InvalidRolloutIdError
+from ..errors import InvalidRolloutIdError, LlmtapError
 from ..exchange import Exchange, new_model_call_id, safe_headers
 from ..health import HEALTH, CaptureHealth
-from ..records import StreamTracker, raw_line_from_exchange
+from ..records import StreamTracker
 from ..records.content_coding import DEFAULT_MAX_DECODED_BYTES
 from ..store import CaptureStore
 from .asgi import ASGIApp, Message, Receive, Scope, Send
 from .health_endpoint import health_report, send_health
 from .limits import BodyTooLarge, ClientGone, body_too_large_payload, read_body_within, send_body_too_large
+from .metrics_endpoint import send_metrics
+from .record_commit import RecordCommitter
+from .scope import header as _header
+from .scope import raw_target as _raw_target
+from .scope import read_body as _read_body
+from .scope import replay_receive as _replay_receive
+from .scope import with_content_length as _with_content_length
+
+if TYPE_CHECKING:
+    from ..export.live import LiveExporter
+    from ..export.prometheus import ServeMetrics
 
 __all__ = ["EXCHANGE_SCOPE_KEY", "CaptureMiddleware"]
 
 # The scope key under which the wrapped app finds the Exchange of a captured call, so a proxy can
 # say why it answered for an upstream it could not reach, or which upstream served the call.
 EXCHANGE_SCOPE_KEY = "llmtap.exchange"
-
-# Past this many body bytes (request and response), or when a compressed response decodes to
-# more than this, a record is built on a helper thread: parsing or decoding it there would hold
-# every other call up. A few compressed bytes can decode to the whole limit, so a compressed body
-# is first decoded on the loop only this far.
-_OFFLOAD_BYTES = 1024 * 1024
-
-# Two threads at most: a bound on how many large records are decoded in memory at once.
-_RECORD_BUILDERS: ThreadPoolExecutor | None = None
-
-
-def _record_builders() -> ThreadPoolExecutor:
-    global _RECORD_BUILDERS
-    if _RECORD_BUILDERS is None:
-        _RECORD_BUILDERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="llmtap-record")
-    return _RECORD_BUILDERS
-
 
 class CaptureMiddleware:
     """Captures every prefixed dialect call of the wrapped ASGI app into a `CaptureStore`.
@@ -97,6 +90,10 @@ class CaptureMiddleware:
         max_request_body_bytes: int | None = None,
         max_decoded_body_bytes: int = DEFAULT_MAX_DECODED_BYTES,
         health_path: str | None = None,
+        metrics: ServeMetrics | None = None,
+        metrics_path: str | None = None,
+        live_export: LiveExporter | None = None,
+        redact: bool = False,
     ) -> None:
         self.app = app
         self.max_request_body_bytes = max_request_body_bytes
@@ -110,6 +107,15 @@ class CaptureMiddleware:
         self.sampling_overrides = dict(sampling_overrides) if sampling_overrides else None
         self.provider = provider
         self.health = health or HEALTH
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.track_in_flight(lambda: self.in_flight)  # read at scrape time: nothing per call
+        self.metrics_path = metrics_path if metrics is not None else None
+        self.live_export = live_export
+        self.committer = None if store is None else RecordCommitter(
+            store, self.health, max_decoded_body_bytes=max_decoded_body_bytes, metrics=metrics,
+            live_export=live_export, redact=redact,
+        )
         # HTTP requests in progress through this middleware, captured or not: with one alone, the
         # store may sync its record on the loop itself (`CaptureStore.append_async(alone=...)`).
         self.in_flight = 0
@@ -120,6 +126,10 @@ class CaptureMiddleware:
             return
         if scope["path"] == self.health_path and scope.get("method") in ("GET", "HEAD"):
             await self._answer_health(send, head_only=scope.get("method") == "HEAD")
+            return
+        if scope["path"] == self.metrics_path and scope.get("method") in ("GET", "HEAD"):
+            assert self.metrics is not None
+            await send_metrics(send, self.metrics, head_only=scope.get("method") == "HEAD")
             return
         self.in_flight += 1
         try:
@@ -175,7 +185,9 @@ class CaptureMiddleware:
 
     async def _answer_health(self, send: Send, *, head_only: bool) -> None:
         capture_dir = self.store.root if self.store is not None else None
-        await send_health(send, health_report(self.health, capture_dir, self.in_flight), head_only=head_only)
+        export = self.live_export.counts() if self.live_export is not None else None
+        report = health_report(self.health, capture_dir, self.in_flight, otlp_export=export)
+        await send_health(send, report, head_only=head_only)
 
 
 # A call is correlated by a rollout prefix, and may carry a sampling segment after it, or alone
@@ -392,49 +404,12 @@ class _CapturedCall:
                 await self._release(send)
 
     async def _commit(self) -> None:
-        """Build and durably store the record; a failure is counted and never raised."""
-        if not self.capturing:
+        """Build and durably store the record (`RecordCommitter`); a failure is counted and never raised."""
+        committer = self.owner.committer
+        if not self.capturing or committer is None:
             return
-        store = self.owner.store
-        assert store is not None and self.exchange.rollout_id is not None
-        try:
-            line = self._build_line_here()
-            if line is None:
-                line = await self._build_line_off_loop()
-        except Exception as exc:
-            self.owner.health.failure("record_build_failed", "asgi", exc)
-            store.mark_incomplete(self.exchange.rollout_id, "record_build_failed")
-            return
-        handed_over = time.perf_counter()
-        try:
-            await store.append_async(self.exchange.rollout_id, line, alone=self.owner.in_flight == 1)
-        except Exception as exc:
-            self.owner.health.failure("record_write_failed", "asgi", exc)
-            return
-        self.owner.health.observe_sync(time.perf_counter() - handed_over)
-        self.owner.health.count("records_written")
-
-    def _build_line_here(self) -> dict[str, Any] | None:
-        """Build the record on the loop when it is small; None when it must be built off the loop."""
-        exchange = self.exchange
-        exchange.finish()  # the call ended now, not when a helper thread gets to it
-        if len(exchange.request_body) + self.body_length >= _OFFLOAD_BYTES:
-            return None
-        limit = self.owner.max_decoded_body_bytes
-        inline_limit = limit if limit < _OFFLOAD_BYTES else _OFFLOAD_BYTES
-        line = raw_line_from_exchange(exchange, dialect=self.dialect, tracker=self.tracker, max_decoded_bytes=inline_limit)
-        gap = line.get("response_decoding")
-        if gap is not None and inline_limit < limit and gap["reason"] == "decoded_size_limit":
-            return None  # a small compressed body that decodes past a MiB: decoded again, in full, off the loop
-        return line
-
-    async def _build_line_off_loop(self) -> dict[str, Any]:
-        """Build the record on a record-builder thread (large bodies, or a compressed one that grows)."""
-        exchange, limit = self.exchange, self.owner.max_decoded_body_bytes
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            _record_builders(),
-            lambda: raw_line_from_exchange(exchange, dialect=self.dialect, tracker=self.tracker, max_decoded_bytes=limit),
+        await committer.commit(
+            self.exchange, self.dialect, self.tracker, self.body_length, alone=self.owner.in_flight == 1
         )
 
     async def _reject(self, send: Send, rejected: _RejectedRequest) -> None:
@@ -464,15 +439,15 @@ class _CapturedCall:
         await send_body_too_large(send, payload)
 
 
-class _RejectedRequest(Exception):
+class _RejectedRequest(LlmtapError):
     """A request llmtap itself must refuse (a malformed sampling segment)."""
 
 
-class _ClientLeft(Exception):
+class _ClientLeft(LlmtapError):
     """The client disconnected before its request body ended: nothing is forwarded."""
 
 
-class _BodyRefused(Exception):
+class _BodyRefused(LlmtapError):
     """A request body over the limit."""
 
     def __init__(self, refused: BodyTooLarge) -> None:
@@ -492,59 +467,6 @@ def _decode_sampling(segment: str | None, header_segment: str | None) -> object:
         return decode_model_sampling(encoded)
     except ValueError as exc:
         raise _RejectedRequest(str(exc)) from exc
-
-
-async def _read_body(receive: Receive, call: _CapturedCall) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            call.client_gone = True
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    body = b"".join(chunks)
-    call.exchange.request_body = body
-    return body
-
-
-def _replay_receive(body: bytes, receive: Receive, call: _CapturedCall) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            call.client_gone = True
-        return message
-
-    return replay
-
-
-def _raw_target(scope: Scope) -> str:
-    """The path as the client encoded it: `raw_path`, or the decoded path encoded afresh without it."""
-    raw_path = scope.get("raw_path")
-    if isinstance(raw_path, bytes) and raw_path:
-        return raw_path.decode("latin-1")
-    return quote(scope["path"])
-
-
-def _header(scope: Scope, name: str) -> str | None:
-    wanted = name.encode("latin-1")
-    for key, value in scope.get("headers", []):
-        if key.lower() == wanted:
-            return str(value.decode("latin-1"))
-    return None
-
-
-def _with_content_length(scope: Scope, length: int) -> Scope:
-    headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in (b"content-length", b"transfer-encoding")]
-    headers.append((b"content-length", str(length).encode("ascii")))
-    return {**scope, "headers": headers}
 
 
 def _error_body(message: str, code: str, status: int, dialect: Dialect | None) -> bytes:

@@ -4,33 +4,53 @@ The proxy itself only forwards: request bytes go upstream unchanged (but for cre
 configured to add), and the upstream's status, headers and raw body bytes come back chunk by chunk
 as they arrive, compressed or not, errors included. Capture is the `CaptureMiddleware` around it.
 
-The upstream call is one narrow seam, `UpstreamTransport.forward`, so tests and benchmarks can
-swap it without patching.
+The upstream call is one narrow seam, `UpstreamTransport.send`: `build_app(config, transport=...)`
+(one transport for every upstream) or `transport_factory=` (one per upstream) swaps it without
+patching; `mock_transport.MockTransport` answers from a function.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
 
 import orjson
 
 from ..dialects import dialect_for_path
-from ..errors import LlmtapError
+from ..errors import ConfigError, LlmtapError
 from ..exchange import Exchange
-from ..health import CaptureHealth
+from ..export.prometheus import ServeMetrics
+from ..health import HEALTH, CaptureHealth
 from ..store import CaptureStore
 from .asgi import ASGIApp, Receive, Scope, Send
 from .capture_dir import check_capture_dir
 from .config import ServeConfig, UpstreamConfig
 from .health_endpoint import HEALTH_PATH
 from .limits import BodyTooLarge, body_too_large_payload, read_body_within, send_body_too_large
+from .metrics_endpoint import METRICS_PATH
 from .middleware import EXCHANGE_SCOPE_KEY, CaptureMiddleware
+from .scope import raw_target
 from .upstream import Http1Transport, UpstreamResponse, UpstreamTransport, UpstreamUnreachable
 
-__all__ = ["ProxyApp", "UnsafeRequestTarget", "build_app", "upstream_url"]
+if TYPE_CHECKING:
+    from ..export.live import LiveExporter
+
+__all__ = ["ProxyApp", "TransportFactory", "UnsafeRequestTarget", "build_app", "default_transport", "upstream_url"]
+
+# Makes the transport of one upstream, from its name and settings.
+TransportFactory = Callable[[str, UpstreamConfig], UpstreamTransport]
+
+
+def default_transport(name: str, config: UpstreamConfig) -> UpstreamTransport:
+    """The keep-alive HTTP/1.1 pool `llmtap serve` uses for an upstream, sized and timed by its settings."""
+    return Http1Transport(
+        max_connections=config.max_connections,
+        connect_timeout_s=config.connect_timeout_s,
+        read_timeout_s=config.timeout_s,
+    )
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) are for one connection and never forwarded; nor are the
 # ones the proxy itself settles with the client.
@@ -95,7 +115,7 @@ def _target_problem(path: str) -> str | None:
 class _Upstream:
     """One configured upstream: its settings, its pooled transport and its credential header."""
 
-    def __init__(self, name: str, config: UpstreamConfig) -> None:
+    def __init__(self, name: str, config: UpstreamConfig, transport: UpstreamTransport) -> None:
         self.name = name
         self.config = config
         # `scheme://authority/`: every URL sent upstream starts with it, so none can name another host.
@@ -108,11 +128,7 @@ class _Upstream:
                 self.credential = (b"x-api-key", key.encode("latin-1"))
             else:
                 self.credential = (b"authorization", b"Bearer " + key.encode("latin-1"))
-        self.transport: UpstreamTransport = Http1Transport(
-            max_connections=config.max_connections,
-            connect_timeout_s=config.connect_timeout_s,
-            read_timeout_s=config.timeout_s,
-        )
+        self.transport = transport
 
     def selects(self, dialect: str | None, model: str | None) -> bool:
         if self.config.dialects is not None and dialect not in self.config.dialects:
@@ -123,20 +139,32 @@ class _Upstream:
 
 
 class ProxyApp:
-    """The forwarding ASGI app: chooses an upstream, streams the exchange through, never buffers a response."""
+    """The forwarding ASGI app: chooses an upstream, streams the exchange through, never buffers a response.
 
-    def __init__(self, config: ServeConfig) -> None:
+    Each upstream's transport comes from `transport_factory` (`default_transport` unless given).
+    """
+
+    def __init__(self, config: ServeConfig, *, transport_factory: TransportFactory = default_transport) -> None:
         self.config = config
-        self.upstreams = {name: _Upstream(name, upstream) for name, upstream in config.upstreams.items()}
+        self.upstreams = {
+            name: _Upstream(name, upstream, transport_factory(name, upstream))
+            for name, upstream in config.upstreams.items()
+        }
         self._selective = [u for u in self.upstreams.values() if u.config.dialects or u.config.models]
         # Reading the request's model costs a JSON parse: only when some upstream selects by model.
         self._selects_by_model = any(u.config.models for u in self._selective)
         self.default = self.upstreams[config.default_upstream_name]
+        # Run at lifespan shutdown after the pools close, each on a thread (they may block): the live exporter's close.
+        self.on_shutdown: list[Callable[[], object]] = []
 
     async def aclose(self) -> None:
-        """Close the pooled upstream connections."""
-        for upstream in self.upstreams.values():
-            await upstream.transport.aclose()
+        """Close the pooled upstream connections (a shared transport once), then run `on_shutdown`."""
+        transports = {id(upstream.transport): upstream.transport for upstream in self.upstreams.values()}
+        for transport in transports.values():
+            await transport.aclose()
+        callbacks, self.on_shutdown = self.on_shutdown, []
+        for callback in callbacks:
+            await asyncio.to_thread(callback)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -223,7 +251,8 @@ class _Forwarding:
 
     async def _forward(self, body: bytes) -> None:
         try:
-            url = upstream_url(self.upstream.config.base_url, _request_target_path(self.scope), self.scope.get("query_string", b""))
+            target = raw_target(self.scope)
+            url = upstream_url(self.upstream.config.base_url, target, self.scope.get("query_string", b""))
         except UnsafeRequestTarget as exc:
             await self._answer_refused(exc)
             return
@@ -287,36 +316,50 @@ class _Forwarding:
         await self.send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
-def _request_target_path(scope: Scope) -> str:
-    """The path as the client encoded it (`raw_path`): `path` is percent-decoded, so an encoded
-    `/` in a deployment name would split it, and `%7E` would reach the upstream as `~`."""
-    raw_path = scope.get("raw_path")
-    if isinstance(raw_path, bytes) and raw_path:
-        return raw_path.decode("latin-1")
-    return quote(scope["path"])
-
-
 def _response_headers(response: UpstreamResponse) -> list[tuple[bytes, bytes]]:
     hop = {b"connection", b"keep-alive", b"transfer-encoding", b"proxy-authenticate", b"trailer", b"upgrade"}
     return [(k, v) for k, v in response.headers if k.lower() not in hop]
 
 
 def build_app(
-    config: ServeConfig, *, store: CaptureStore | None = None, health: CaptureHealth | None = None
+    config: ServeConfig,
+    *,
+    store: CaptureStore | None = None,
+    health: CaptureHealth | None = None,
+    transport: UpstreamTransport | None = None,
+    transport_factory: TransportFactory | None = None,
 ) -> ASGIApp:
     """Build the `llmtap serve` ASGI app: the proxy wrapped in capture middleware.
 
     Capture is on when `observability_enabled` is true (the store is then opened at
     `model_call_capture_dir` unless one is given, after checking that it can be written: raises
     `ConfigError` otherwise). Each call is labelled with the `model_ref` and provider of the
-    upstream it went to. `GET /llmtap/health` answers the health document.
+    upstream it went to. `GET /llmtap/health` answers the health document, `GET /llmtap/metrics`
+    the Prometheus metrics. With an OTLP endpoint (`otlp_endpoint`, or the standard OTEL_
+    variables) each durable record is also exported as a span by a `LiveExporter`, closed at
+    lifespan shutdown. `redact: true` redacts each record before it is written.
+
+    `transport` sends every upstream's requests (a `MockTransport` in tests); `transport_factory`
+    makes one per upstream; without either, each upstream gets `default_transport`.
     """
-    proxy = ProxyApp(config)
+    if transport is not None and transport_factory is not None:
+        raise ValueError("Pass transport or transport_factory to build_app, not both.")
+    if transport is not None:
+        shared = transport
+
+        def transport_factory(name: str, upstream: UpstreamConfig) -> UpstreamTransport:
+            return shared
+    proxy = ProxyApp(config, transport_factory=transport_factory or default_transport)
     if store is None and config.observability_enabled:
         assert config.model_call_capture_dir is not None
         check_capture_dir(config.model_call_capture_dir)
         store = CaptureStore(config.model_call_capture_dir)
     default = proxy.default.config
+    health = health or HEALTH
+    metrics = ServeMetrics(health=health)
+    live_export = _live_exporter(config, metrics) if store is not None else None
+    if live_export is not None:
+        proxy.on_shutdown.append(live_export.close)
     return CaptureMiddleware(
         proxy,
         store=store,
@@ -328,4 +371,23 @@ def build_app(
         max_request_body_bytes=config.max_request_body_bytes,
         max_decoded_body_bytes=config.max_decoded_body_bytes,
         health_path=HEALTH_PATH,
+        metrics=metrics,
+        metrics_path=METRICS_PATH,
+        live_export=live_export,
+        redact=config.redact,
     )
+
+
+def _live_exporter(config: ServeConfig, metrics: ServeMetrics) -> LiveExporter | None:
+    """The started live OTLP exporter `config` asks for, counting into `metrics`; None when export is off."""
+    enabled, endpoint = config.live_export_endpoint()
+    if not enabled:
+        return None
+    from ..export.live import LiveExporter
+    from ..export.otlp import span_exporter
+
+    try:
+        exporter = span_exporter(endpoint)
+    except LlmtapError as exc:
+        raise ConfigError(f"Live OTLP export could not start: {exc}") from exc
+    return LiveExporter(exporter, counter=metrics).start()

@@ -108,11 +108,9 @@ def steady_heap() -> bool:
     """Fix glibc's mmap and trim thresholds, so the heap stops handing pages back and faulting them in again.
 
     asyncio reads every socket into a fresh 256 KiB buffer and shrinks it to what arrived. Under
-    glibc's moving thresholds, whether that buffer is a new mapping (two or three page faults a
-    read) depends on what the process freed before; with capture on, it often was: 3.5 to 4
-    minor faults per proxied call, and about a quarter more CPU per call at 128 concurrent calls
-    (docs/benchmarks.md). Fixed thresholds keep those buffers in the heap. Returns False where
-    the C library is not glibc, which is then left alone.
+    glibc's moving thresholds that buffer is often a new mapping, page-faulted in on every read
+    (the faults and their cost are in docs/benchmarks.md); fixed thresholds keep those buffers
+    in the heap. Returns False where the C library is not glibc, which is then left alone.
     """
     if platform.libc_ver()[0] != "glibc":
         return False
@@ -132,12 +130,11 @@ def steady_gc() -> None:
     """Let the cycle collector run only when cycles pile up, and never walk what start-up built.
 
     Calls in flight hold thousands of container objects (parsed bodies, headers, tasks) that
-    reference counting frees when each call ends. Under CPython's default threshold, that working
-    set alone kept setting off young collections, about 150 a second at 128 calls in flight, and
-    the full collections they led to walked the whole heap: 9 % of the serve process's CPU with
-    capture off and 10 to 12 % with it on (docs/benchmarks.md). A cycle is still collected, after
-    10,000 net allocations instead of 700; `gc.freeze` moves what start-up built (modules,
-    configuration, the app) out of every collection's walk.
+    reference counting frees when each call ends. Under CPython's default threshold that working
+    set alone keeps setting off collections that walk the whole heap (measured in
+    docs/benchmarks.md). A cycle is still collected, after 10,000 net allocations instead of 700;
+    `gc.freeze` moves what start-up built (modules, configuration, the app) out of every
+    collection's walk.
     """
     gc.collect()  # what start-up left as garbage is freed, not frozen for good
     gc.freeze()
@@ -186,6 +183,9 @@ def run_server(config: ServeConfig) -> None:
 
 def _check_app_builds(config: ServeConfig) -> None:
     app = build_app(config)
+    live_export = getattr(app, "live_export", None)
+    if live_export is not None:
+        live_export.close(timeout=0)  # this app only checked the settings: each worker exports on its own
     store = getattr(app, "store", None)
     if store is not None:
         store.close()

@@ -4,8 +4,8 @@
 pass another implementation to `ProxyApp` without patching. The default, `Http1Transport`,
 keeps a keep-alive pool per upstream of `http1.Http1Connection`s. It is neither httpx nor
 aiohttp: httpcore's pool walks every pooled connection on each request and release (quadratic in
-the pool size), and aiohttp spent about a third of the proxy's CPU building each request (see
-docs/benchmarks.md). The proxy has its request as bytes already and wants the answer undecoded.
+the pool size), and aiohttp's request building cost more than capture (docs/benchmarks.md). The
+proxy has its request as bytes already and wants the answer undecoded.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Protocol
 from urllib.parse import unquote, urlsplit
 
+from ..errors import UpstreamError
 from .http1 import Http1Connection, Http1Response, UpstreamClosed, UpstreamProtocolError, UpstreamReadTimeout
 
 __all__ = ["Http1Transport", "UpstreamResponse", "UpstreamTransport", "UpstreamUnreachable"]
 
 
-class UpstreamUnreachable(Exception):
+class UpstreamUnreachable(UpstreamError):
     """Raised by a transport when no response came back: refused, unresolvable, or timed out."""
 
     def __init__(self, cause: BaseException, *, timed_out: bool) -> None:

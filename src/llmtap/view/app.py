@@ -24,7 +24,7 @@ from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..display import format_value, tokens_per_second
+from ..cli.display import format_value, tokens_per_second
 from ..errors import InvalidRolloutIdError
 from ..store import validate_rollout_id
 from .call_view import build_call_view

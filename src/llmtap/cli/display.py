@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from .records import ModelCallRecord
+from ..records import ModelCallRecord
 
 __all__ = [
     "Column",

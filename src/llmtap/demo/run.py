@@ -17,12 +17,12 @@ from typing import Any
 import httpx
 from rich.console import Console
 
-from .agents.simple import ADD_TOOL
-from .correlation import base_url_for_run
-from .display import calls_table, metrics_line
+from ..cli.display import calls_table, metrics_line
+from ..correlation import base_url_for_run
+from ..store import CaptureStore
+from ..store.readers import aggregate_model_call_metrics, read_rollout_calls
+from .agent import ADD_TOOL
 from .localmodel import LocalModelServer
-from .store import CaptureStore
-from .store.readers import aggregate_model_call_metrics, read_rollout_calls
 
 __all__ = ["AgentRun", "ServeProcess", "run_demo", "run_tool_agent"]
 

@@ -52,6 +52,7 @@ from llmtap.correlation import (
     rollout_id_from_run_body,
 )
 from llmtap.dialects.history import request_items
+from llmtap.errors import LlmtapError
 from llmtap.rollouts.observations import OBSERVATIONS_KEY, InvocationRecorder, ObservationRecorder
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
@@ -61,6 +62,7 @@ __all__ = ["ADD_TOOL", "AGENT_SOURCE", "SimpleAgentConfig", "TaskError", "build_
 
 logger = logging.getLogger(__name__)
 
+# The observation source recorded with every run: a label in stored data, kept from before the move.
 AGENT_SOURCE = "llmtap.agents.simple"
 
 ADD_TOOL: dict[str, Any] = {
@@ -107,7 +109,7 @@ class SimpleAgentConfig:
             raise ValueError(f"max_turns is {self.max_turns}; use 2 or more, so a tool result can reach the model.")
 
 
-class TaskError(ValueError):
+class TaskError(LlmtapError, ValueError):
     """Raised when a `/run` body is not a task this agent can run."""
 
 

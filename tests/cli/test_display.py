@@ -12,7 +12,7 @@ from rich.console import Console
 
 from llmtap import CaptureStore, read_model_call_records
 from llmtap.cli import main
-from llmtap.display import Column, calls_table, fit_columns, print_table, tokens_per_second
+from llmtap.cli.display import Column, calls_table, fit_columns, print_table, tokens_per_second
 from tests.fixtures import fixture
 from tests.view.stores import T0, capture_line
 
