@@ -18,7 +18,7 @@ from llmtap.demo.agent import SimpleAgentConfig, build_app
 from llmtap.dialects.history import request_items, response_items
 from llmtap.demo.localmodel import LocalModelServer
 from llmtap.records import ModelCallRecord
-from llmtap.rollouts.collect_files import attempts_path_for
+from llmtap.rollouts.collect.files import attempts_path_for
 from llmtap.rollouts.trajectory import model_visible_history, model_visible_input
 from llmtap.store import CaptureStore
 from llmtap.store.readers import read_rollout_calls

@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from llmtap.correlation import base_url_for_run
 from llmtap.rollouts.collect import CollectError, CollectReport, collect_rollouts, collect_rollouts_async
-from llmtap.rollouts.collect_files import attempts_path_for
+from llmtap.rollouts.collect.files import attempts_path_for
 from llmtap.store import CaptureStore
 from llmtap.store.readers import read_rollout_calls
 from tests.e2e.serve_harness import serving

@@ -14,7 +14,7 @@ from typing import Any
 
 from llmtap.records import ModelCallRecord
 
-from .observation_schema import (
+from .schema import (
     JOIN_GAP_SOURCE,
     AgentObservations,
     ContextCompactionObservation,

@@ -5,14 +5,15 @@ tool ran and how it ended, when the context was compacted, or what a sandbox use
 wants those facts in its trajectory records them with `ObservationRecorder` and returns
 `recorder.to_dict()` under the row key `ng_agent_observations`.
 
-This module is the public face of three: `observation_schema` (the typed records), `recorder`
-(the emitter) and `observation_join` (the exact-match join to captured calls).
+This package is the public face of three modules: `schema` (the typed records), `recorder`
+(the emitter) and `join` (the exact-match join to captured calls).
 """
 
 from __future__ import annotations
 
-from .observation_join import JOIN_CODES, join_model_call_observations, model_call_owners
-from .observation_schema import (
+from .join import JOIN_CODES, join_model_call_observations, model_call_owners
+from .recorder import InvocationRecorder, ObservationRecorder, ToolCallTimer
+from .schema import (
     JOIN_GAP_SOURCE,
     OBSERVATIONS_KEY,
     SCHEMA_VERSION,
@@ -26,7 +27,6 @@ from .observation_schema import (
     SandboxObservation,
     ToolCallObservation,
 )
-from .recorder import InvocationRecorder, ObservationRecorder, ToolCallTimer
 
 __all__ = [
     "JOIN_CODES",

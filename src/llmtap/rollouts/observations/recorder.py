@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .observation_schema import (
+from .schema import (
     AgentInvocation,
     AgentObservations,
     AnyObservation,

@@ -15,7 +15,7 @@ An agent error, a timeout or an answer that is not a JSON object becomes a row t
 ["status_code", "body"]}` (types: `timeout`, `connection`, `agent_http_error`,
 `invalid_result`, `attach_failed`) and whatever capture the attempt left; the run goes on.
 
-The output and its attempt log are described in `llmtap.rollouts.collect_files`. Resume
+The output and its attempt log are described in `llmtap.rollouts.collect.files`. Resume
 (`resume=True`): a rollout whose row has no `ng_collect_error` is finished and skipped. An error
 row is dropped and its rollout sent again, unless its error is not retryable (an agent 4xx, a
 failed attachment: `llmtap attach` redoes that) or the rollout already failed `max_attempts`
@@ -40,19 +40,15 @@ import httpx
 from pydantic import ValidationError
 
 from llmtap.correlation import (
-    ATTEMPT_INDEX_KEY,
     ROLLOUT_ID_KEY,
-    ROLLOUT_INDEX_KEY,
     TASK_INDEX_KEY,
-    rollout_id_from_run_body,
 )
-from llmtap.correlation.ids import validate_rollout_id
-from llmtap.correlation.sampling import MODEL_SAMPLING_KEY, ModelCallSampling
+from llmtap.correlation.sampling import ModelCallSampling
 from llmtap.errors import CollectError, StoreError
 from llmtap.store import CaptureStore
 
-from .attach import AttachOptions, attach_rollout
-from .collect_files import (
+from ..attach import AttachOptions, attach_rollout
+from .files import (
     COLLECT_ERROR_KEY,
     CollectHistory,
     OutputSink,
@@ -62,6 +58,7 @@ from .collect_files import (
     read_history,
     rewrite_output,
 )
+from .tasks import IDENTITY_KEYS, PlannedRollout, planned_slots
 
 __all__ = [
     "COLLECT_ERROR_KEY",
@@ -73,113 +70,9 @@ __all__ = [
 ]
 
 _BODY_EXCERPT_CHARS = 4000
-_IDENTITY_KEYS = (TASK_INDEX_KEY, ROLLOUT_INDEX_KEY, ATTEMPT_INDEX_KEY, ROLLOUT_ID_KEY)
 _RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
 
 T = TypeVar("T")
-
-
-# Rows -----------------------------------------------------------------------------------------
-
-
-def _identity(task_index: int, rollout_index: int, explicit_id: str | None, attempt_index: int) -> dict[str, Any]:
-    """The collector's `_ng_*` keys of one rollout attempt (the attempt index only when above 0)."""
-    identity: dict[str, Any] = {TASK_INDEX_KEY: task_index, ROLLOUT_INDEX_KEY: rollout_index}
-    if attempt_index > 0:
-        identity[ATTEMPT_INDEX_KEY] = attempt_index
-    if explicit_id is not None:
-        identity[ROLLOUT_ID_KEY] = explicit_id
-    return identity
-
-
-# The plan ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Rollout:
-    """One rollout attempt to dispatch."""
-
-    key: str
-    task_index: int
-    rollout_index: int
-    explicit_id: str | None
-    attempt_index: int
-    row: dict[str, Any]
-    fallback: bool
-
-    @property
-    def identity(self) -> dict[str, Any]:
-        return _identity(self.task_index, self.rollout_index, self.explicit_id, self.attempt_index)
-
-    @property
-    def rollout_id(self) -> str:
-        rollout_id = rollout_id_from_run_body(self.identity)
-        assert rollout_id is not None
-        return rollout_id
-
-    def body(self, sampling: Mapping[str, Any] | None) -> dict[str, Any]:
-        body = {key: value for key, value in self.row.items() if key not in _IDENTITY_KEYS}
-        body.update(self.identity)
-        if sampling is not None and body.get(MODEL_SAMPLING_KEY) is None:
-            body[MODEL_SAMPLING_KEY] = dict(sampling)
-        return body
-
-
-def _task_index(row: Mapping[str, Any], position: int, line_number: int, path: Path) -> int:
-    value = row.get(TASK_INDEX_KEY)
-    if value is None:
-        return position
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    raise CollectError(
-        f"Line {line_number} of '{path}' has {TASK_INDEX_KEY} {value!r}; use a non-negative integer or leave it out."
-    )
-
-
-def _task_rows(path: Path, limit: int | None) -> Iterator[tuple[int, int, dict[str, Any], bool]]:
-    """Yield (line number, position, row, fallback) for the first `limit` task rows; blank lines are skipped."""
-    position = 0
-    try:
-        with path.open("rb") as reader:
-            for line_number, raw in enumerate(reader, start=1):
-                if limit is not None and position >= limit:
-                    return
-                if not raw.strip():
-                    continue
-                try:
-                    row, fallback = loads_row(raw)
-                except (ValueError, RecursionError):
-                    raise CollectError(
-                        f"Line {line_number} of '{path}' is not valid JSON; fix or remove it, then run again."
-                    ) from None
-                if not isinstance(row, dict):
-                    raise CollectError(
-                        f"Line {line_number} of '{path}' holds a JSON {type(row).__name__}; each line must be a task object."
-                    )
-                yield line_number, position, row, fallback
-                position += 1
-    except OSError as exc:
-        raise CollectError(f"Could not read the input '{path}' ({exc.strerror or exc}); check the path.") from exc
-
-
-def _slots(path: Path, limit: int | None, num_repeats: int) -> Iterator[tuple[str, int, int, str | None, dict[str, Any], bool]]:
-    """Yield (key, task index, rollout index, explicit id, row, fallback) for every planned rollout."""
-    for line_number, position, row, fallback in _task_rows(path, limit):
-        task_index = _task_index(row, position, line_number, path)
-        explicit = row.get(ROLLOUT_ID_KEY)
-        if explicit is not None:
-            try:
-                explicit = validate_rollout_id(explicit)
-            except ValueError as exc:
-                raise CollectError(f"Line {line_number} of '{path}': {exc}") from None
-            if num_repeats > 1:
-                raise CollectError(
-                    f"Line {line_number} of '{path}' sets {ROLLOUT_ID_KEY} {explicit!r}, so its {num_repeats} repeats "
-                    "would share one capture; drop the explicit id or run with --num-repeats 1."
-                )
-        for rollout_index in range(num_repeats):
-            key = explicit if explicit is not None else f"{task_index}-{rollout_index}"
-            yield key, task_index, rollout_index, explicit, row, fallback
 
 
 # The run ----------------------------------------------------------------------------------------
@@ -275,7 +168,7 @@ def _failure(kind: str, message: str, *, retryable: bool, **extra: Any) -> _Outc
     return _Outcome(error={"type": kind, "message": message, "retryable": retryable, **extra})
 
 
-async def _dispatch(client: httpx.AsyncClient, job: _Job, rollout: _Rollout) -> _Outcome:
+async def _dispatch(client: httpx.AsyncClient, job: _Job, rollout: PlannedRollout) -> _Outcome:
     """POST one rollout to the agent; every failure becomes an outcome, none raises."""
     content = dumps_row(rollout.body(job.model_sampling), rollout.fallback)
     try:
@@ -309,10 +202,10 @@ async def _dispatch(client: httpx.AsyncClient, job: _Job, rollout: _Rollout) -> 
     return _Outcome(result=result, fallback=fallback)
 
 
-def _finish(job: _Job, store: CaptureStore | None, rollout: _Rollout, outcome: _Outcome, elapsed: float) -> tuple[bytes, str | None]:
+def _finish(job: _Job, store: CaptureStore | None, rollout: PlannedRollout, outcome: _Outcome, elapsed: float) -> tuple[bytes, str | None]:
     """Build, attach and encode the output row (in a worker thread); return it with its error type."""
     row = dict(outcome.result) if outcome.result is not None else {}
-    for key in _IDENTITY_KEYS:
+    for key in IDENTITY_KEYS:
         row.pop(key, None)
     row.update(rollout.identity)
     if outcome.error is not None:
@@ -336,7 +229,7 @@ def _finish(job: _Job, store: CaptureStore | None, rollout: _Rollout, outcome: _
 
 
 async def _run_rollout(
-    client: httpx.AsyncClient, job: _Job, store: CaptureStore | None, sink: OutputSink, rollout: _Rollout, report: CollectReport
+    client: httpx.AsyncClient, job: _Job, store: CaptureStore | None, sink: OutputSink, rollout: PlannedRollout, report: CollectReport
 ) -> str | None:
     """Clear, log, dispatch, attach and write one rollout; return its error type (None when it succeeded).
 
@@ -386,7 +279,7 @@ def _plan(job: _Job, history: CollectHistory | None, report: CollectReport) -> s
     """Check the whole plan before anything is sent (rows readable, rollout ids unique); return the keys to send."""
     seen: set[str] = set()
     to_send: set[str] = set()
-    for key, *_ in _slots(job.input_path, job.limit, job.num_repeats):
+    for key, *_ in planned_slots(job.input_path, job.limit, job.num_repeats):
         if key in seen:
             raise CollectError(
                 f"Two rollouts of '{job.input_path}' have the id {key!r}; give each task its own "
@@ -402,12 +295,12 @@ def _plan(job: _Job, history: CollectHistory | None, report: CollectReport) -> s
     return to_send
 
 
-def _rollouts(job: _Job, history: CollectHistory | None) -> Iterator[_Rollout]:
-    for key, task_index, rollout_index, explicit, row, fallback in _slots(job.input_path, job.limit, job.num_repeats):
+def _rollouts(job: _Job, history: CollectHistory | None) -> Iterator[PlannedRollout]:
+    for key, task_index, rollout_index, explicit, row, fallback in planned_slots(job.input_path, job.limit, job.num_repeats):
         if history is not None and history.settled(key, job.max_attempts):
             continue
         attempt = history.next_attempt(key) if history is not None else 0
-        yield _Rollout(key, task_index, rollout_index, explicit, attempt, row, fallback)
+        yield PlannedRollout(key, task_index, rollout_index, explicit, attempt, row, fallback)
 
 
 async def _collect(job: _Job, report: CollectReport, progress: Callable[[CollectReport], None] | None) -> None:
@@ -451,7 +344,7 @@ async def _dispatch_all(
     progress: Callable[[CollectReport], None] | None,
     started: float,
 ) -> None:
-    queue: asyncio.Queue[_Rollout | None] = asyncio.Queue(maxsize=job.concurrency * 2)
+    queue: asyncio.Queue[PlannedRollout | None] = asyncio.Queue(maxsize=job.concurrency * 2)
 
     def tell() -> None:
         report.elapsed_s = time.perf_counter() - started
