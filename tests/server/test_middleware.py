@@ -368,3 +368,21 @@ async def test_sampling_segment_without_rollout_prefix_is_applied_and_not_captur
     assert sent.status == 200 and seen[0]["path"] == "/v1/chat/completions"
     assert json.loads(bodies[0])["top_p"] == 0.5
     assert store.rollouts() == []
+
+
+async def test_a_stream_keeps_each_chunk_as_it_arrived_so_it_can_be_cut_back(store: CaptureStore) -> None:
+    """`response_chunks` holds one [offset_ms, length] per body chunk the app sent: the lengths
+    cut `response_raw` back into exactly those chunks, in order, at non-decreasing offsets."""
+    recorded = fixture("chat/text-stream-include-usage-gpt4")
+    app = middleware(replaying_app(recorded, pieces=5), store)
+    sent = await call_app(app, http_scope("/ng-rollout/chunks/v1/chat/completions"), request_body(recorded))
+    assert sent.body == recorded.body_bytes
+    [line] = [json.loads(text) for text in store.path_for("chunks").read_text().splitlines()]
+    payload = recorded.body_bytes
+    step = max(1, len(payload) // 5)
+    expected = [payload[start : start + step] for start in range(0, len(payload), step)]
+    assert [length for _, length in line["response_chunks"]] == [len(piece) for piece in expected]
+    offsets = [offset for offset, _ in line["response_chunks"]]
+    assert offsets == sorted(offsets) and offsets[0] >= 0
+    [record] = read_model_call_records(store, "chunks")
+    assert "response_chunks" not in record.extra  # a field of llmtap's own lines, not an unknown one

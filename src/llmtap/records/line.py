@@ -121,6 +121,10 @@ def raw_line_from_exchange(
     or is a stream, and a few optional fields (`provider`, `rollout_id`, `http`, `sampling`,
     `exception_type`). Parsing problems become `capture_parse_error`, never an exception.
 
+    An uncompressed stream also keeps `response_chunks`: `[offset_ms, length]` per body chunk as it
+    arrived (offset from the call's start), so `response_raw` can be cut back into the chunks the
+    client got, when it got them: what replay serves and the viewer shows.
+
     A compressed response is decoded to at most `max_decoded_bytes`; past that (or when it cannot
     be decoded at all) the line keeps the raw bytes and says why in `response_decoding`:
     `{"content_encoding", "decoded": false, "reason": "decoded_size_limit" | "undecodable",
@@ -148,6 +152,8 @@ def raw_line_from_exchange(
     if is_stream:
         line["stream"] = True
         line["stream_truncated"] = terminal is None
+        if "content-encoding" not in exchange.response_headers:
+            line["response_chunks"] = [[round(offset * 1000.0, 3), len(chunk)] for offset, chunk in exchange.response_chunks]
     _add_context(exchange, line)
     return line
 

@@ -37,6 +37,7 @@ _LINE_FIELDS = frozenset(
         "response_decoding",
         "stream",
         "stream_truncated",
+        "response_chunks",
         "exception_type",
         "rollout_id",
         "provider",
