@@ -51,7 +51,7 @@ ERROR_CATEGORY = "llmtap.error_category"
 STREAM = "llmtap.stream"
 TTFT_MS = "llmtap.latency_ttft_ms"
 
-# Request keys the conventions name, as capsule/genai.py reads them (one reader of sampling keys).
+# Request keys the conventions name, as export/genai.py reads them (one reader of sampling keys).
 SAMPLING_ATTRIBUTES = (
     REQUEST_TEMPERATURE,
     REQUEST_TOP_P,

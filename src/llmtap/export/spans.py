@@ -178,7 +178,7 @@ def _response_model(record: ModelCallRecord) -> str | None:
 
 
 def _request_sampling(request: Mapping[str, Any], attributes: dict[str, Any]) -> None:
-    """The request's sampling attributes, read by the capsule's GenAI projection (one reader of them)."""
+    """The request's sampling attributes, read by the GenAI projection in export/genai.py (one reader of them)."""
     found = sampling_attributes(request)
     for name in names.SAMPLING_ATTRIBUTES:
         if name in found:

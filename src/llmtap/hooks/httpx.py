@@ -142,8 +142,9 @@ def _finish_collected(tee: Any) -> None:
     collection, as the finalizer of an object in that cycle. Such a finalizer must leave no new
     reference to the cycle behind: reading `tee.__dict__` here once did (Python 3.11 keeps
     attributes inline and builds the dict on demand, holding the cycle's members), so the
-    collector took each response as resurrected and moved its objects (about 60) to an older
-    generation instead of freeing them, where many piled up until the next full collection. The
+    collector took each response as resurrected and moved its objects to an older generation
+    instead of freeing them, where many piled up until the next full collection (docs/benchmarks.md,
+    "In-process capture"). The
     tee keeps its attributes in slots, and this only reads one and ends the call.
     """
     call = getattr(tee, "_call", None)  # absent if __init__ never ran

@@ -13,8 +13,8 @@ the one written, so there is nothing left to make durable); otherwise the errno 
 Acknowledgements come in the order syncs finish, not the order of the requests.
 
 A batch of several files on an ext4, xfs, btrfs, f2fs or tmpfs filesystem is made durable with one
-`syncfs`: one journal commit and one cache flush instead of one per file (at 30 files, a fifth of
-the CPU time and a third of the wait, on this project's test machine). It also flushes what other
+`syncfs`: one journal commit and one cache flush instead of one per file (far less CPU and wait
+for a batch: docs/benchmarks.md, "Capture store"). It also flushes what other
 programs wrote to that filesystem, so while it is slower than syncing the files one by one would
 be, the helper goes back to per-file syncs and tries again after `SYNCFS_RETRY_SECONDS`, twice as
 long after each slow one in a row (at most `SYNCFS_LONGEST_RETRY_SECONDS`).
