@@ -72,6 +72,7 @@ class CompareRuns:
         self.sid_a, self.sid_b = sid_a, sid_b
         self.path_a, self.path_b = path_a, path_b
         self._lock = threading.Lock()
+        self._aligned: OrderedDict[str, AlignedRollout] = OrderedDict()
         self._a = open_source(path_a)
         try:
             self._b = open_source(path_b)
@@ -92,10 +93,10 @@ class CompareRuns:
         self.to_load = len(keys_a) + len(keys_b)
         self.summary: RunComparison | None = None
         self.differing: dict[str, Any] = {}
+        self.totals: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         self.error: str | None = None
         self.seconds: float | None = None
         self.finished_at: float | None = None
-        self._aligned: OrderedDict[str, AlignedRollout] = OrderedDict()
         self._thread: threading.Thread | None = None
 
     @property
@@ -121,6 +122,7 @@ class CompareRuns:
             self.error = f"Reading the runs failed ({exc.strerror or exc}); check the files and reload."
             return
         self.differing = {rollout.key: rollout for rollout in summary.rollouts}
+        self.totals = (summary.totals_a.to_dict(), summary.totals_b.to_dict())  # percentiles sort: once
         self.seconds = time.monotonic() - began
         self.finished_at = time.time()
         self.summary = summary
@@ -149,9 +151,11 @@ class CompareRuns:
 
     def close(self) -> None:
         """Release the page-side sources (the summary thread closes its own)."""
-        self._a.close()
-        if hasattr(self, "_b"):
-            self._b.close()
+        with self._lock:  # not while a page is reading them
+            self._a.close()
+            if hasattr(self, "_b"):
+                self._b.close()
+            self._aligned.clear()
 
 
 @dataclass
