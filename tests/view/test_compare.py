@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from html.parser import HTMLParser
@@ -235,3 +236,30 @@ def test_the_cli_opens_on_the_compare_page_or_says_why_it_cannot(
     _write(tmp_path / "other", {"other-0": [question(1, started=0.0)]})
     result = runner.invoke(view, [str(tmp_path / "unrelated"), str(tmp_path / "other")])
     assert result.exit_code == 1 and "cannot be compared" in result.output and "share no rollout id" in result.output
+
+
+def test_a_rollouts_file_compares_with_a_capture_directory_when_asked(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    """Collect/attach rows of run A (payloads kept) against run B's capture directory: the same alignment."""
+    from llmtap import CaptureStore, attach_rollout
+    from llmtap.rollouts.attach import AttachOptions
+
+    rows = tmp_path / "rollouts.jsonl"
+    with CaptureStore(runs[0], create=False) as store:
+        attached = [
+            attach_rollout(
+                {"_ng_rollout_id": rid, "reward": 1.0 if rid != EDITED_ROLLOUT else 0.5},
+                store,
+                options=AttachOptions(trajectory=False, include_payloads=True),
+            )
+            for rid in store.rollouts()
+        ]
+    rows.write_text("".join(json.dumps(row) + "\n" for row in attached))
+    assert not is_comparison([str(rows), str(runs[1])])  # read together unless --compare says otherwise
+    sources, sid_a, sid_b = discover_pair(str(rows), str(runs[1]))
+    with _client(sources, (sid_a, sid_b)) as client:
+        html = client.get(f"/compare/{sid_a}/{sid_b}/r/{EDITED_ROLLOUT}").text
+        assert _pairs(html) == EDITED_STATUSES
+        assert f'href="/s/{sid_a}/r/{EDITED_ROLLOUT}/c/3"' in html
+        assert client.get(f"/s/{sid_a}/r/{EDITED_ROLLOUT}/c/3").status_code == 200
+        summary = _summarised(client, f"/compare/{sid_a}/{sid_b}")
+        assert "reward_dropped" not in summary  # run B's capture directory carries no rewards
