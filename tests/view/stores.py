@@ -29,10 +29,11 @@ def capture_line(
     latency_ms: float,
     ttft_ms: float | None = None,
     request: Any = None,
+    body: bytes | None = None,
     cancelled: bool = False,
     rollout_id: str | None = None,
 ) -> dict[str, Any]:
-    """The persisted line of one recorded exchange, as if it had started at `started_at`."""
+    """The persisted line of one recorded exchange, as if it had started at `started_at` (`body` replaces the answer)."""
     exchange = Exchange(
         method="POST",
         path=recorded.request_path,
@@ -45,7 +46,7 @@ def capture_line(
     exchange.started_at = started_at
     exchange.started_mono = 0.0
     exchange.first_byte_mono = (ttft_ms if ttft_ms is not None else latency_ms * 0.3) / 1000.0
-    exchange.response_chunks.append((exchange.first_byte_mono, recorded.body_bytes))
+    exchange.response_chunks.append((exchange.first_byte_mono, recorded.body_bytes if body is None else body))
     exchange.completed_mono = latency_ms / 1000.0
     exchange.completed_at = started_at + latency_ms / 1000.0
     exchange.cancelled = cancelled

@@ -188,3 +188,55 @@ def test_screenshots_of_a_small_training_run(tmp_path: Path, page: Any) -> None:
         page.goto(url + "/s/f1/r/2-1/c/6")  # the answer after the tool loop: the whole conversation
         _shoot(page, tmp_path, "call")
     assert page.problems == []
+
+
+# The compare page's row colours (view.css), as the browser computes them.
+COMPARE_COLOURS = {
+    "unchanged": "rgba(0, 0, 0, 0)",
+    "changed": "rgb(255, 244, 220)",
+    "added": "rgb(228, 246, 234)",
+    "removed": "rgb(253, 230, 227)",
+}
+
+
+def test_the_compare_page_pairs_calls_side_by_side_with_their_status_colours(tmp_path: Path, page: Any) -> None:
+    from llmtap.view import ViewerSettings, create_app
+    from llmtap.view.sources import discover_pair
+    from tests.support.servers import ServerThread, free_port
+    from tests.view.compare_stores import EDITED_ROLLOUT, EDITED_STATUSES, build_compare_runs
+
+    run_a, run_b = build_compare_runs(tmp_path / "a", tmp_path / "b")
+    sources, sid_a, sid_b = discover_pair(str(run_a), str(run_b))
+    port = free_port()
+    app = create_app(sources, ViewerSettings(port=port, poll_seconds=0.2, compare=(sid_a, sid_b)))
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    with ServerThread(app, port=port, lifespan="on", graceful_timeout=1).start() as server:
+        page.goto(server.base_url + "/")  # opens on the comparison; the summary arrives without a reload
+        page.wait_for_selector("#totals", timeout=15_000)
+        rows = page.eval_on_selector_all(
+            "#compare-rollouts tbody tr", "rows => rows.map(r => [r.dataset.key, r.querySelector('.pill').textContent])"
+        )
+        assert rows == [["1-0", "changed"], ["4-0", "removed"], ["5-0", "added"], ["xss-0", "changed"]]
+        page.click(f"#compare-rollouts a >> text={EDITED_ROLLOUT}")
+        page.wait_for_url(f"**/compare/{sid_a}/{sid_b}/r/{EDITED_ROLLOUT}")
+        assert page.locator("tr.pair:visible").count() == 3  # unchanged calls start collapsed
+        for toggle in page.locator(".fold-toggle").all():
+            toggle.click()  # open the collapsed unchanged calls
+        pairs = page.eval_on_selector_all(
+            "tr.pair",
+            "rows => rows.map(r => [r.dataset.status, getComputedStyle(r).backgroundColor, r.offsetParent !== null])",
+        )
+        assert [status for status, _, _ in pairs] == EDITED_STATUSES
+        assert [colour for _, colour, _ in pairs] == [COMPARE_COLOURS[status] for status in EDITED_STATUSES]
+        assert all(visible for _, _, visible in pairs)
+        assert page.locator("pre.textdiff .add").first.inner_text() == "+Olá 1!"
+        page.locator(".fold-toggle").nth(1).click()
+        page.locator(".fold-toggle").nth(2).click()  # the screenshot: the first run of unchanged calls open
+        _shoot(page, tmp_path, "compare")
+        page.click(f"tr.st-removed a[href='/s/{sid_a}/r/{EDITED_ROLLOUT}/c/3']")
+        page.wait_for_url(f"**/s/{sid_a}/r/{EDITED_ROLLOUT}/c/3")
+        page.go_back()
+        page.goto(f"{server.base_url}/compare/{sid_a}/{sid_b}/r/xss-0")
+        assert page.evaluate("typeof window.__xss") == "undefined"
+    assert dialogs == [] and page.problems == []

@@ -20,7 +20,16 @@ from .alignment import align
 from .calls import CallView, call_view, compare_calls, describe_call
 from .sources import DiffInputError, RolloutSide, Source
 
-__all__ = ["CallStatus", "RolloutComparison", "RunComparison", "SideTotals", "compare_runs", "percentile"]
+__all__ = [
+    "AlignedRollout",
+    "CallStatus",
+    "RolloutComparison",
+    "RunComparison",
+    "SideTotals",
+    "align_rollout",
+    "compare_runs",
+    "percentile",
+]
 
 CallStatus = Literal["unchanged", "changed", "added", "removed"]
 STATUSES: tuple[CallStatus, ...] = ("unchanged", "changed", "added", "removed")
@@ -155,8 +164,26 @@ def _tools(views: list[CallView]) -> list[str]:
     return [name for view in views for name in view.tool_names]
 
 
+@dataclass
+class AlignedRollout:
+    """A rollout compared with its alignment kept: every pair in order and the calls the indexes name.
+
+    `comparison.calls` holds one detail per pair that is not unchanged, in the order of `pairs`.
+    """
+
+    comparison: RolloutComparison
+    views_a: list[CallView]
+    views_b: list[CallView]
+    pairs: list[tuple[int | None, int | None]]
+
+
 def compare_rollout(key: str, a: RolloutSide | None, b: RolloutSide | None, *, payloads: bool) -> RolloutComparison:
     """Align and compare one rollout's calls in the two runs (either side may be missing)."""
+    return align_rollout(key, a, b, payloads=payloads).comparison
+
+
+def align_rollout(key: str, a: RolloutSide | None, b: RolloutSide | None, *, payloads: bool) -> AlignedRollout:
+    """Compare one rollout as `compare_rollout` does, keeping every pair (unchanged ones too) for a side-by-side view."""
     views_a, views_b = _views(a, payloads), _views(b, payloads)
     if [view.exact for view in views_a] == [view.exact for view in views_b]:
         pairs: list[tuple[int | None, int | None]] = [(i, i) for i in range(len(views_a))]
@@ -189,7 +216,7 @@ def compare_rollout(key: str, a: RolloutSide | None, b: RolloutSide | None, *, p
         status = "changed"
     else:
         status = "unchanged"
-    return RolloutComparison(
+    comparison = RolloutComparison(
         key=key,
         status=status,
         rollout_a=a.rollout_id if a else None,
@@ -202,6 +229,7 @@ def compare_rollout(key: str, a: RolloutSide | None, b: RolloutSide | None, *, p
         file_a=a.file if a else None,
         file_b=b.file if b else None,
     )
+    return AlignedRollout(comparison, views_a, views_b, pairs)
 
 
 def _paired_keys(a: Source, b: Source) -> Iterator[tuple[str, bool, bool]]:

@@ -20,7 +20,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -28,6 +28,7 @@ from ..cli.display import format_value, tokens_per_second
 from ..errors import InvalidRolloutIdError
 from ..store import validate_rollout_id
 from .call_view import build_call_view
+from .compare_pages import ComparePages, compare_url
 from .guard import ViewerGuard, allowed_hosts
 from .query import PER_PAGE_CHOICES, SORTS, STATUSES, Query, run_query
 from .rollout_view import load_rollout, neighbours, read_rollout_lines
@@ -43,15 +44,22 @@ HEARTBEAT_SECONDS = 15.0
 
 
 class ViewerSettings:
-    """How the app runs: where it listens (for the Host check) and how often it looks for changes."""
+    """How the app runs: where it listens (for the Host check), how often it looks for changes, what `/` opens."""
 
     def __init__(
-        self, *, host: str = "127.0.0.1", port: int = 8765, poll_seconds: float = 1.0, background: bool = True
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        poll_seconds: float = 1.0,
+        background: bool = True,
+        compare: tuple[str, str] | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.poll_seconds = poll_seconds
         self.background = background
+        self.compare = compare  # two source ids: the home page opens on their comparison
 
 
 def create_app(sources: SourceSet, settings: ViewerSettings | None = None) -> Any:
@@ -73,6 +81,11 @@ def create_app(sources: SourceSet, settings: ViewerSettings | None = None) -> An
         Route("/s/{sid}/r/{rid}/live", viewer.rollout_fragment),
         Route("/s/{sid}/r/{rid}/events", viewer.rollout_events),
         Route("/s/{sid}/r/{rid}/c/{index}", viewer.call_page),
+        Route("/compare", viewer.compare.choose),
+        Route("/compare/{a}/{b}", viewer.compare.summary),
+        Route("/compare/{a}/{b}/live", viewer.compare.summary_fragment),
+        Route("/compare/{a}/{b}/events", viewer.compare.summary_events),
+        Route("/compare/{a}/{b}/r/{key:path}", viewer.compare.rollout),
         Mount("/static", StaticFiles(packages=[("llmtap.view", "static")]), name="static"),
     ]
     app = Starlette(routes=routes, lifespan=viewer.lifespan)
@@ -109,9 +122,12 @@ class _Viewer:
             tokens_per_second=tokens_per_second,
             timefmt=_clock_time,
         )
-        self.env.globals.update(OUTCOMES=OUTCOMES, SORTS=SORTS, STATUSES=STATUSES, PER_PAGE_CHOICES=PER_PAGE_CHOICES)
+        self.env.globals.update(
+            OUTCOMES=OUTCOMES, SORTS=SORTS, STATUSES=STATUSES, PER_PAGE_CHOICES=PER_PAGE_CHOICES, compare_url=compare_url
+        )
         self.streams = 0
         self._stop = threading.Event()
+        self.compare = ComparePages(self)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -119,12 +135,15 @@ class _Viewer:
         if self.settings.background:
             worker = threading.Thread(target=self._summarise_forever, name="llmtap-view-summaries", daemon=True)
             worker.start()
+        if self.settings.compare is not None:
+            await run_in_threadpool(self.compare.open_quietly, *self.settings.compare)  # the summary starts now
         try:
             yield
         finally:
             self._stop.set()
             if worker is not None:
                 worker.join(timeout=5)
+            self.compare.close()
 
     def _summarise_forever(self) -> None:
         """Keep listings fresh and summarise every rollout in the background, a batch at a time."""
@@ -174,6 +193,8 @@ class _Viewer:
         return await self._page(request, self._home)
 
     def _home(self, request: Request) -> Response:
+        if self.settings.compare is not None:
+            return RedirectResponse(compare_url(*self.settings.compare), status_code=307)
         self.sources.rescan()
         sources = list(self.sources.sources.values())
         for source in sources:

@@ -26,7 +26,7 @@ from .files import read_bounded
 from .index import CaptureIndex
 from .rows import RowsIndex
 
-__all__ = ["Source", "SourceSet", "ViewPathError", "default_paths", "discover"]
+__all__ = ["Source", "SourceSet", "ViewPathError", "default_paths", "discover", "discover_pair", "is_comparison"]
 
 MANIFEST = "capsule.json"
 HEALTH = "capture-health.json"
@@ -190,3 +190,42 @@ def default_paths() -> list[str]:
 
     runs = Path(default_runs_dir())
     return [str(runs)] if runs.is_dir() else []
+
+
+def discover_pair(path_a: str, path_b: str) -> tuple[SourceSet, str, str]:
+    """Two runs to compare, each discovered alone; return the set and the two source ids (A, B).
+
+    Each path must be one run (a capsule, a capture directory or a rollouts file); a rollouts file
+    is not joined to the other run's capture directory. ViewPathError says what was given instead.
+    """
+    found = SourceSet()
+    sids: list[str] = []
+    for raw in (path_a, path_b):
+        alone = discover([raw])
+        if alone.runs_dirs or len(alone.sources) != 1:
+            raise ViewPathError(
+                f"'{raw}' is a runs directory, not one run; give the two run capsules (or capture directories) to compare."
+            )
+        source = next(iter(alone.sources.values()))
+        if source.sid in found.sources:  # the second of two capture directories is d2, of two rollouts files f2
+            source.sid = f"{source.sid[0]}2" if source.sid in ("d1", "f1") else f"{source.sid}-b"
+        found.sources[source.sid] = source
+        sids.append(source.sid)
+    return found, sids[0], sids[1]
+
+
+def is_comparison(paths: list[str]) -> bool:
+    """True when `llmtap view` was given two runs to compare rather than sources to list.
+
+    Exactly two paths, neither a runs directory, and not a rollouts file with a capture
+    directory (which the viewer reads together: the directory holds the rows' payloads).
+    """
+    if len(paths) != 2:
+        return False
+    kinds = []
+    for raw in paths:
+        alone = discover([raw])
+        if alone.runs_dirs or len(alone.sources) != 1:
+            return False
+        kinds.append(next(iter(alone.sources.values())).kind)
+    return sorted(kinds) != ["capture", "rollouts"]

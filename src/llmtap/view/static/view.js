@@ -67,6 +67,16 @@
   });
 
   document.addEventListener("click", (event) => {
+    const toggle = event.target.closest && event.target.closest(".fold-toggle");
+    if (toggle) {
+      // A run of unchanged calls on the compare page: its rows are the next tbody, hidden until asked for.
+      const folded = toggle.closest("tbody").nextElementSibling;
+      const open = toggle.getAttribute("aria-expanded") !== "true";
+      toggle.setAttribute("aria-expanded", String(open));
+      toggle.textContent = (open ? "▾" : "▸") + toggle.textContent.slice(1);
+      if (folded) folded.hidden = !open;
+      return;
+    }
     const row = event.target.closest && event.target.closest("tr[data-href]");
     if (row && !event.target.closest("a")) window.location.assign(row.dataset.href);
   });
