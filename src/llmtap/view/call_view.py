@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from ..dialects.history import request_items, response_items
-from ..dialects.sse import decode_sse
+from ..dialects.sse import SSEDecoder, SSEEvent, decode_sse
 from ..records import ModelCallRecord
 
 __all__ = ["CallView", "build_call_view", "pretty_json"]
@@ -66,7 +66,7 @@ class CallView:
     tool_count: int
     images: list[str]
     sampling: dict[str, str]
-    events: list[tuple[str, str]]
+    events: list[tuple[str, str, float | None]]  # (event name, data, arrival in ms from the call's start)
     events_total: int
     record_json: str
     line_json: str
@@ -165,9 +165,39 @@ def _raw_response(line: dict[str, Any]) -> bytes | None:
     return None
 
 
-def _events(line: dict[str, Any]) -> tuple[list[tuple[str, str]], int]:
+def _events(line: dict[str, Any]) -> tuple[list[tuple[str, str, float | None]], int]:
     raw = _raw_response(line)
     if not raw:
         return [], 0
-    decoded = decode_sse(raw)
-    return [(event.event or "message", event.data[:20_000]) for event in decoded[:MAX_EVENTS]], len(decoded)
+    timed = _timed_events(raw, line.get("response_chunks"))
+    decoded = timed if timed is not None else [(event, None) for event in decode_sse(raw)]
+    shown = [(event.event or "message", event.data[:20_000], at) for event, at in decoded[:MAX_EVENTS]]
+    return shown, len(decoded)
+
+
+def _timed_events(raw: bytes, chunks: Any) -> list[tuple[SSEEvent, float | None]] | None:
+    """Each event with the arrival of the chunk that completed it, from the line's `response_chunks`.
+
+    None when the line has no chunk list, or one that does not cut these bytes exactly (a line
+    another tool wrote, or edited): then no time is shown rather than a wrong one.
+    """
+    if not isinstance(chunks, list) or not chunks:
+        return None
+    pieces: list[tuple[float, int]] = []
+    for entry in chunks:
+        if not (isinstance(entry, list) and len(entry) == 2):
+            return None
+        offset, length = entry
+        if not isinstance(offset, (int, float)) or isinstance(offset, bool) or type(length) is not int or length < 0:
+            return None
+        pieces.append((float(offset), length))
+    if sum(length for _, length in pieces) != len(raw):
+        return None
+    decoder = SSEDecoder()
+    timed: list[tuple[SSEEvent, float | None]] = []
+    position = 0
+    for offset, length in pieces:
+        timed.extend((event, offset) for event in decoder.feed(raw[position : position + length]))
+        position += length
+    timed.extend((event, None) for event in decoder.close())
+    return timed
