@@ -394,7 +394,8 @@ def test_config_refuses_a_resources_server_as_a_required_model_server() -> None:
 
 def test_config_checks_against_explicit_model_server_names() -> None:
     config_dict = {"model_call_sampling": {"required_model_servers": ["policy"]}}
-    assert model_call_sampling_config(config_dict, model_server_names=["policy", "judge"]) is not None
+    config = model_call_sampling_config(config_dict, model_server_names=["policy", "judge"])
+    assert config == ModelCallSamplingConfig(required_model_servers=["policy"])
     with pytest.raises(ValueError, match="'policy'"):
         model_call_sampling_config(config_dict, model_server_names=["judge"])
 
