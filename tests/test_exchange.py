@@ -5,14 +5,10 @@ from __future__ import annotations
 import os
 import uuid
 
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from llmtap.exchange import (
-    CREDENTIAL_WORDS,
-    SAFE_HEADER_NAMES,
-    SAFE_HEADER_PREFIXES,
-    SECRET_HEADERS,
     header_name,
     is_credential_header,
     new_model_call_id,
@@ -89,10 +85,17 @@ def test_headers_shaped_like_credentials_never_reach_the_record_whatever_their_e
 
 _NAME_CHARS = st.sampled_from("abcdefghijklmnopqrstuvwxyz0123456789-_")
 
+# The documented vocabulary, written out here so that a word dropped from (or a safe name added to) the
+# module's own lists fails these properties instead of moving their expected values along with it.
+DOCUMENTED_CREDENTIAL_WORDS = ("key", "token", "auth", "secret", "password", "passwd", "cookie", "session", "credential")
+DOCUMENTED_SAFE_NAMES = frozenset({"anthropic-version", "openai-version", "openai-processing-ms"})
+DOCUMENTED_SAFE_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "ratelimit-")
+DOCUMENTED_SECRET_NAMES_WITHOUT_A_WORD = frozenset({"openai-organization", "openai-project"})
+
 
 @given(
     before=st.text(_NAME_CHARS, max_size=12),
-    word=st.sampled_from(CREDENTIAL_WORDS),
+    word=st.sampled_from(DOCUMENTED_CREDENTIAL_WORDS),
     after=st.text(_NAME_CHARS, max_size=12),
     upper=st.booleans(),
 )
@@ -101,14 +104,18 @@ def test_any_name_holding_a_credential_word_is_dropped_unless_it_is_a_known_safe
 ) -> None:
     name = before + word + after
     wire = name.upper() if upper else name
-    safe = name in SAFE_HEADER_NAMES or name.startswith(SAFE_HEADER_PREFIXES)
+    safe = name in DOCUMENTED_SAFE_NAMES or name.startswith(DOCUMENTED_SAFE_PREFIXES)
     assert (safe_headers([(wire.encode(), b"secret-value")]) == {name: "secret-value"}) is safe
     assert header_name(wire.encode()) == (name if safe else None)
 
 
 @given(st.text(_NAME_CHARS, min_size=1, max_size=24))
 def test_a_name_without_a_credential_word_is_kept_with_its_value(name: str) -> None:
-    if any(word in name for word in CREDENTIAL_WORDS) or name in SECRET_HEADERS:
-        assert safe_headers([(name.encode(), b"v")]) == {} or name.startswith(SAFE_HEADER_PREFIXES)
-    else:
-        assert safe_headers([(name.encode(), b"v")]) == {name: "v"}
+    assume(not any(word in name for word in DOCUMENTED_CREDENTIAL_WORDS))
+    assume(name not in DOCUMENTED_SECRET_NAMES_WITHOUT_A_WORD)
+    assert safe_headers([(name.encode(), b"v")]) == {name: "v"}
+    assert header_name(name.upper().encode()) == name
+
+
+def test_the_secret_names_without_a_credential_word_are_dropped_by_name() -> None:
+    assert safe_headers([(name.encode(), b"v") for name in sorted(DOCUMENTED_SECRET_NAMES_WITHOUT_A_WORD)]) == {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -195,8 +196,11 @@ def test_llmtap_computes_its_own_continuation_fingerprint_at_read_time(tmp_path:
     store = CaptureStore(tmp_path)
     store.path_for("r").write_bytes(REFERENCE_CHAT_CALL + b"\n")
     (record,) = read_model_call_records(store, "r")
-    expected = continuation_fingerprint(record.request, record.response, dialect="chat")
-    assert expected and record.continuation_fingerprint is None
+    # The version-2 lineage bytes of the one model-authored turn, the answer "4" (see tests/rollouts/test_fingerprint.py).
+    turn = b"nemo-gym-lineage" b"\x00" b"\x00\x00\x00\x00\x00\x00\x00\x04" b"text" b"\x01" b"\x00\x00\x00\x00\x00\x00\x00\x01" b"4"
+    expected = hashlib.sha256(turn).hexdigest()
+    assert record.continuation_fingerprint is None
+    assert continuation_fingerprint(record.request, record.response, dialect="chat") == expected
     assert EntryView(record, record.model_call_id).continuation_fingerprints == frozenset({expected})
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import orjson
 import pytest
@@ -70,10 +71,19 @@ def test_every_recorded_exchange_becomes_a_complete_line_and_record(recorded: Re
     assert record.call_index == 4 and record.model_call_id == "call-1"
     assert record.latency_total_ms == line["latency_ms"]
     if recorded.status == 200:
-        assert record.response_id is not None
-        assert record.finish_reason_normalized is not None
+        assert record.response_id == _first_id_in_body(recorded)
+        assert record.finish_reason_normalized in ("stop", "length", "tool_calls", "content_filter")
     else:
-        assert record.error is not None
+        assert record.error == json.loads(recorded.body_text)["error"]
+
+
+def _first_id_in_body(recorded: RecordedExchange) -> str:
+    """The response id as the recorded body carries it: its `id`, or a stream's first response-shaped id."""
+    if not recorded.is_stream:
+        return str(json.loads(recorded.body_text)["id"])
+    match = re.search(r'"id": ?"((?:chatcmpl-|msg_|resp_)[^"]+)"', recorded.body_text)
+    assert match is not None, recorded.id
+    return match.group(1)
 
 
 @pytest.mark.parametrize("recorded", [f for f in all_fixtures() if f.is_stream], ids=lambda f: f.id)

@@ -178,6 +178,8 @@ def test_decode_of_arbitrary_text_returns_values_or_raises_value_error_only(text
     except ValueError:
         return
     assert result is None or isinstance(result, ModelCallSampling)
+    # Whatever decodes is a value the encoder writes back as text that decodes to it again.
+    assert decode_model_sampling(encode_model_sampling(result)) == result
 
 
 @given(st.binary(max_size=48))
@@ -187,6 +189,7 @@ def test_decode_of_arbitrary_bytes_returns_values_or_raises_value_error_only(dat
     except ValueError:
         return
     assert isinstance(result, ModelCallSampling)
+    assert decode_model_sampling(encode_model_sampling(result)) == result
 
 
 # --- run bodies ---------------------------------------------------------------------------------
@@ -394,7 +397,8 @@ def test_config_refuses_a_resources_server_as_a_required_model_server() -> None:
 
 def test_config_checks_against_explicit_model_server_names() -> None:
     config_dict = {"model_call_sampling": {"required_model_servers": ["policy"]}}
-    assert model_call_sampling_config(config_dict, model_server_names=["policy", "judge"]) is not None
+    config = model_call_sampling_config(config_dict, model_server_names=["policy", "judge"])
+    assert config == ModelCallSamplingConfig(required_model_servers=["policy"])
     with pytest.raises(ValueError, match="'policy'"):
         model_call_sampling_config(config_dict, model_server_names=["judge"])
 

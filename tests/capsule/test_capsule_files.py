@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,21 @@ def test_packages_are_read_from_dist_info_names_and_metadata(tmp_path: Path) -> 
 
 def test_the_interpreter_notes_round_trip() -> None:
     info = parse_interpreter_lines(interpreter_lines())
-    assert info["executable"] and info["version"] and isinstance(info["path"], list)
+    assert info == {
+        "executable": sys.executable,
+        "version": sys.version.splitlines()[0],
+        "implementation": sys.implementation.name,
+        "prefix": sys.prefix,
+        "base_prefix": sys.base_prefix,
+        "platform": sys.platform,
+        "path": sys.path,
+    }
+    written = "executable=/opt/py/bin/python3\nnot a key line\npath=/a\npath=\npath=/b=c\nversion=3.12.1 (main)\n"
+    assert parse_interpreter_lines(written) == {
+        "executable": "/opt/py/bin/python3",
+        "version": "3.12.1 (main)",
+        "path": ["/a", "", "/b=c"],
+    }
 
 
 def test_process_health_files_are_summed(tmp_path: Path) -> None:

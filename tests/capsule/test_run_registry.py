@@ -97,7 +97,18 @@ def test_without_a_usable_cache_directory_every_run_checks_the_registry(tmp_path
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
     monkeypatch.setenv("LLMTAP_CACHE_DIR", str(blocker / "cache"))
-    assert registry_for_run() == registry_for_run()
+    monkeypatch.delenv("LLMTAP_URL_REGISTRY", raising=False)
+    expected = load_registry(vendored_registry_path())
+    first = registry_for_run()
+    assert json.loads(first) == {"source": expected.source, "registry": expected.data}
+    assert registry_for_run() == first
+    assert blocker.is_file() and blocker.read_text() == ""  # nothing was written in its place
+    chosen = tmp_path / "chosen.yaml"
+    chosen.write_text(yaml.safe_dump(REGISTRY))
+    assert json.loads(registry_for_run(chosen))["registry"] == REGISTRY
+    chosen.write_text("providers: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        registry_for_run(chosen)
 
 
 def test_entries_for_many_registry_files_do_not_pile_up(cache: Path, tmp_path: Path) -> None:

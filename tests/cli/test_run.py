@@ -92,7 +92,8 @@ def test_path_values_click_would_refuse_are_left_to_click(tmp_path: Path) -> Non
     a_file.write_text("x")
     assert parse_fast(["--capsule-dir", str(a_file), "true"]) is None
     assert parse_fast(["--registry", str(tmp_path), "true"]) is None
-    assert parse_fast(["--capsule-dir", str(tmp_path), "--registry", str(a_file), "true"]) is not None
+    accepted = parse_fast(["--capsule-dir", str(tmp_path), "--registry", str(a_file), "true"])
+    assert accepted == RunArguments(["true"], capsule_dir=str(tmp_path), registry_path=str(a_file))
 
 
 def _console(args: list[str], cwd: Path, env: dict[str, str] | None = None, prelude: str = "") -> subprocess.CompletedProcess[str]:

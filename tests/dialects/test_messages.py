@@ -637,6 +637,18 @@ def test_malformed_events_never_raise(events: list[tuple[str | None, str]]) -> N
     assert result is None or isinstance(result, dict)
     if result is not None:
         assert isinstance(DIALECT.normalize(result).tool_calls, list)
+    assert assembler.terminal in (None, "completed", "error")
+    # Every event whose data is not a JSON object (outside an `error` event) is counted, never silently dropped.
+    not_objects = [data for name, data in events if name != "error" and not _is_json_object(data)
+                   and data.strip() not in ("", "[DONE]")]
+    assert assembler.malformed_events >= len(not_objects)
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 @PROPERTY_SETTINGS

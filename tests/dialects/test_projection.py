@@ -21,6 +21,20 @@ def test_the_answer_text_is_what_normalize_reads(recorded: RecordedExchange) -> 
     assert response_text(recorded.dialect, record.response) == expected
 
 
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("chat/text-basic-gpt4o", "Oi!"),
+        ("messages/text-basic-sonnet4", 'Olá! \n\n(That\'s "hello" in Portuguese. You could also say "Oi!" for a more casual "hi!")'),
+        ("responses/text-basic-gpt55", "pong"),
+    ],
+)
+def test_the_answer_text_is_the_recorded_bodys_own_text(name: str, text: str) -> None:
+    """Pinned to the text each recorded body carries (read off the fixture), not to another reader's answer."""
+    recorded = fixture(name)
+    assert response_text(recorded.dialect, json.loads(recorded.body_text)) == text
+
+
 def test_request_parts_name_the_conversation_tools_format_and_sampling() -> None:
     assert request_part("chat", "messages") == "conversation"
     assert request_part("responses", "instructions") == "conversation"

@@ -52,7 +52,8 @@ def test_upstream_500_reaches_the_client_unchanged_and_is_recorded(fault_upstrea
     assert proxied.status_code == direct.status_code == 500
     assert proxied.content == direct.content
     [record] = read_rollout_calls(store, "e500").records
-    assert record.error_category == "upstream_error" and record.error is not None
+    assert record.error_category == "upstream_error"
+    assert record.error == direct.json()["error"]
 
 
 @pytest.mark.parametrize("fault", ["reset-after-3", "close-after-3"])
@@ -107,6 +108,9 @@ def test_stream_without_terminal_is_passed_through_and_recorded_truncated(
     assert proxied.content == direct.content
     [record] = read_rollout_calls(store, "nt").records
     assert record.error_category == "stream_truncated" and record.response is not None
+    # chat/text-stream-no-usage-gpt4 without its `[DONE]`: every delta arrived, so the partial holds them all.
+    assert record.response["id"] == "chatcmpl-ASYMZbRqo8Bkz53FVzaTj7W7feOn4"
+    assert record.response["choices"][0]["message"]["content"] == "This is a test."
 
 
 def test_non_json_success_is_recorded_as_parse_error(fault_upstream: FaultUpstream, tmp_path: Path) -> None:

@@ -120,6 +120,19 @@ CASES: list[tuple[Callable[[str, str], Any], str]] = [
     (anthropic_async_stream, "messages/text-stream-sonnet45"),
 ]
 
+# Read off each recorded body by hand: its response id, and the output tokens of its final usage.
+RECORDED_ID_AND_TOKENS_OUT: dict[str, tuple[str, int]] = {
+    "chat/parallel-tool-calls-gpt41-nano": ("chatcmpl-BWksGmkBZRsvsGK2EVzzmjTI7wn6P", 47),
+    "chat/parallel-tool-calls-stream-gpt4o-mini": ("chatcmpl-ASYMdbuQwnGMCODejEnbp2ufs6WgR", 51),
+    "chat/text-stream-include-usage-gpt4": ("chatcmpl-ASYMZ4oSykiIFK4lXLReDiKyAjsQl", 5),
+    "responses/function-call-gpt55": ("resp_05c01d5dceb461c50169fab1bb5ec08196b7e38f8207aae2dd", 23),
+    "responses/reasoning-summary-function-call-stream-gpt5": ("resp_017e85da2ae23b69016a3c12518cc0819da56cbbdd33f128f3", 121),
+    "responses/cached-tokens-gpt4o": ("resp_6866ce1f61ec819c93434cbeced9b5550e67800fb44be4fd", 8),
+    "messages/tool-use-sonnet4": ("msg_01Pgx1ep9weiiD4acPmkJCeK", 66),
+    "messages/thinking-tool-use-stream-sonnet4": ("msg_01KTBB57LAzaSZs8kMNvfnsY", 119),
+    "messages/text-stream-sonnet45": ("msg_017A4s3HAsrqf5d2WvBmrpLr", 10),
+}
+
 
 @pytest.mark.parametrize(("perform", "name"), CASES, ids=[f"{p.__name__}-{n.split('/')[1]}" for p, n in CASES])
 def test_sdk_call_through_serve_is_recorded_once_and_durably(
@@ -140,7 +153,7 @@ def test_sdk_call_through_serve_is_recorded_once_and_durably(
         assert record.response_raw == recorded.body_text
     else:
         assert record.response == json.loads(recorded.body_text)
-    assert record.response_id is not None and record.tokens_out is not None
+    assert (record.response_id, record.tokens_out) == RECORDED_ID_AND_TOKENS_OUT[name]
     if "tool" in name or "function" in name:
         assert record.tool_calls
 

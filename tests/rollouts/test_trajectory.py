@@ -353,7 +353,11 @@ def test_hosted_tools_are_marked_and_need_no_agent_timing(rollout: Rollout) -> N
     trajectory = rollout.trajectory()
 
     assert [tool["hosted"] for tool in trajectory["tool_calls"]] == [True]
-    assert trajectory["tool_calls"][0]["output"] is not None
+    recorded = json.loads(fixture("messages/web-search-sonnet4").body_text)
+    [result] = [block for block in recorded["content"] if block["type"] == "web_search_tool_result"]
+    tool = trajectory["tool_calls"][0]
+    assert (tool["tool_call_id"], tool["tool_name"]) == (result["tool_use_id"], "web_search")
+    assert json.loads(tool["output"]) == result["content"]  # the search results the provider ran, as recorded
     assert "tool_timing_unavailable" not in {gap["code"] for gap in trajectory["gaps"]}
 
 

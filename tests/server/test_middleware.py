@@ -161,6 +161,9 @@ async def test_stream_without_terminal_is_recorded_truncated_with_partial(store:
     [record] = read_model_call_records(store, "t")
     assert record.stream_truncated and record.error_category == "stream_truncated"
     assert record.response is not None
+    # The first 600 bytes hold two whole events, the role and `"This`, and the start of a third.
+    assert record.response["id"] == "chatcmpl-ASYMZ4oSykiIFK4lXLReDiKyAjsQl"
+    assert record.response["choices"][0]["message"]["content"] == '"This'
 
 
 async def test_error_status_is_recorded_with_its_body(store: CaptureStore) -> None:
@@ -169,7 +172,8 @@ async def test_error_status_is_recorded_with_its_body(store: CaptureStore) -> No
     sent = await call_app(app, http_scope("/ng-rollout/e/v1/messages"), request_body(recorded))
     assert sent.status == 401 and sent.body == recorded.body_bytes
     [record] = read_model_call_records(store, "e")
-    assert record.error_category == "auth" and record.status_code == 401 and record.error is not None
+    assert record.error_category == "auth" and record.status_code == 401
+    assert record.error == json.loads(recorded.body_text)["error"]
 
 
 async def test_app_exception_is_recorded_and_reraised(store: CaptureStore) -> None:

@@ -95,7 +95,7 @@ async def test_an_unreachable_upstream_from_the_handler_is_answered_502_and_reco
         (record,) = read_model_call_records(store, "r-2")
     assert sent.status == 502
     assert orjson.loads(sent.body)["error"]["type"] == "upstream_unreachable"
-    assert record.status_code == 502 and record.error_category is not None
+    assert record.status_code == 502 and record.error_category == "connection"
 
 
 async def test_a_transport_factory_makes_one_transport_per_upstream_and_shutdown_closes_each(

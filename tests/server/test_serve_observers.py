@@ -187,8 +187,14 @@ def test_the_standard_variable_alone_exports_to_its_collector(
     with otlp_receiver() as receiver:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url.removesuffix("/v1/traces"))
         with serving(fault_upstream.url("ok"), tmp_path / "calls") as (server, _):
-            _chat(server.base_url, "r-1")
+            answer = _chat(server.base_url, "r-1")
             _wait_for(lambda: len(receiver.spans()) == 1)
+        [(_resource, span)] = receiver.spans()
+    assert answer
+    (record,) = read_model_call_records(CaptureStore(tmp_path / "calls", create=False), "r-1")
+    attributes = attributes_of(span)
+    assert (attributes[names.ROLLOUT_ID], attributes[names.MODEL_CALL_ID]) == ("r-1", record.model_call_id)
+    assert attributes[names.RESPONSE_ID] == record.response_id
 
 
 @pytest.mark.parametrize("endpoint", ["ftp://127.0.0.1:4318", "not a url", "http://"])

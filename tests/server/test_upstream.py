@@ -252,6 +252,7 @@ async def test_a_body_ended_by_closing_the_connection_is_complete_and_the_connec
 async def test_a_body_ended_by_a_reset_instead_of_a_close_is_a_failed_body() -> None:
     received, error = await failed_body(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\ncut", "reset")
     assert isinstance(error, UpstreamClosed) and isinstance(error.__cause__, ConnectionResetError)
+    assert received in ([], [b"cut"])  # the reset may discard the unread bytes; none are ever invented or repeated
 
 
 async def test_connection_close_from_the_upstream_is_honoured() -> None:

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from llmtap.cli import main
 from llmtap.trust.bundle_format import SIGNATURE_FILES, BundleLimits, parse_sums
-from llmtap.trust.dsse import INTOTO_PAYLOAD_TYPE, PREDICATE_TYPE, STATEMENT_TYPE, pae
+from llmtap.trust.dsse import pae
 from llmtap.trust.evidence import CapsuleRefusedError, EvidenceError, capsule_export_problems, export_evidence
 from llmtap.trust.keys import KeyPair, fingerprint, generate_key_pair, load_private_key, load_public_key
 from llmtap.trust.verify import verify_bundle
@@ -79,13 +79,14 @@ def test_the_statement_is_in_toto_v1_in_a_dsse_envelope_binding_every_path(
 ) -> None:
     members = members_of(good_bundle)
     envelope = json.loads(members[top("statement.dsse.json")])
-    assert envelope["payloadType"] == INTOTO_PAYLOAD_TYPE
+    assert envelope["payloadType"] == "application/vnd.in-toto+json"  # the in-toto media type, written out
     payload = base64.b64decode(envelope["payload"])
     [signature] = envelope["signatures"]
     assert signature["keyid"] == key_pair.fingerprint
-    load_public_key(key_pair.public_path).verify(base64.b64decode(signature["sig"]), pae(INTOTO_PAYLOAD_TYPE, payload))
+    load_public_key(key_pair.public_path).verify(base64.b64decode(signature["sig"]), pae("application/vnd.in-toto+json", payload))
     statement = json.loads(payload)
-    assert statement["_type"] == STATEMENT_TYPE and statement["predicateType"] == PREDICATE_TYPE
+    assert statement["_type"] == "https://in-toto.io/Statement/v1"
+    assert statement["predicateType"] == "urn:llmtap:predicate:capture-evidence:v1"
     entries, _ = parse_sums(members[top("SHA256SUMS")])
     assert {subject["name"]: subject["digest"]["sha256"] for subject in statement["subject"]} == entries
     manifest = json.loads((pristine_capsule / "capsule.json").read_text())

@@ -49,6 +49,7 @@ def test_the_cli_exits_0_and_prints_json(capsule: Path) -> None:
 def test_a_run_id_is_found_under_the_capsule_dir(capsule: Path) -> None:
     result = CliRunner().invoke(main, ["validate", capsule.name[:10], "--capsule-dir", str(capsule.parent)])
     assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"valid: capsule {capsule.name}")  # the capsule the prefix names, checked
 
 
 def test_a_changed_byte_fails_the_proof_digest(capsule: Path) -> None:
