@@ -20,7 +20,7 @@ from llmtap.spool.frame import (
     scan_frames,
 )
 from tests.fixtures import RecordedExchange, all_fixtures
-from tests.test_records import exchange_from
+from tests.records.test_line import exchange_from
 
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(),
