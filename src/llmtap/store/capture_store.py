@@ -53,7 +53,7 @@ from typing import Any
 
 import orjson
 
-from llmtap.correlation.ids import MAX_ROLLOUT_ID_LENGTH, ROLLOUT_ID_PATTERN, validate_rollout_id
+from llmtap.correlation.ids import rollout_file_stem, rollout_id_from_file_stem, validate_rollout_id
 from llmtap.errors import (
     CaptureDirectoryError,
     CaptureRecordError,
@@ -285,7 +285,7 @@ class CaptureStore:
         if previous is not None:  # a forked child: the parent's sync helper is not ours
             previous.forget_after_fork()
         self._threads = CommitThreads()
-        self._files = RolloutFileCache(self._dir_fd, lambda rollout_id: rollout_id + LOCK_SUFFIX)
+        self._files = RolloutFileCache(self._dir_fd, lambda rollout_id: rollout_file_stem(rollout_id) + LOCK_SUFFIX)
         self._sync_fds = SyncDescriptors(self._dir_fd)
         self._committer = GroupCommitter(self._commit, self._threads)
         self._syncs: BatchedSyncs[_SyncJob] = BatchedSyncs(self._sync_batch, self._threads)
@@ -304,15 +304,15 @@ class CaptureStore:
 
     def path_for(self, rollout_id: str) -> Path:
         """Return `<root>/<rollout_id>.capture.jsonl`, after validating the id."""
-        return self.root / f"{validate_rollout_id(rollout_id)}{DATA_SUFFIX}"
+        return self.root / f"{rollout_file_stem(validate_rollout_id(rollout_id))}{DATA_SUFFIX}"
 
     def marker_path_for(self, rollout_id: str) -> Path:
         """Return `<root>/<rollout_id>.capture.incomplete`, after validating the id."""
-        return self.root / f"{validate_rollout_id(rollout_id)}{MARKER_SUFFIX}"
+        return self.root / f"{rollout_file_stem(validate_rollout_id(rollout_id))}{MARKER_SUFFIX}"
 
     def _sibling(self, rollout_id: str, suffix: str) -> str:
         """A path as a plain string: pathlib's cost shows on the append path."""
-        return f"{self._directory}{os.sep}{rollout_id}{suffix}"
+        return f"{self._directory}{os.sep}{rollout_file_stem(rollout_id)}{suffix}"
 
     def append(self, rollout_id: str, record: Mapping[str, Any]) -> AppendResult:
         """Append `record` as one line and return once it is durable.
@@ -519,7 +519,7 @@ class CaptureStore:
     def _sync_inode(self, rollout_id: str, inode: tuple[int, int]) -> OSError | None:
         """fdatasync one data file, or the error; a file a clear() has unlinked since needs none."""
         try:
-            fd = self._sync_fds.fd_for(rollout_id + DATA_SUFFIX, inode)
+            fd = self._sync_fds.fd_for(rollout_file_stem(rollout_id) + DATA_SUFFIX, inode)
             if fd is not None:
                 sync_data(fd)
         except OSError as exc:
@@ -555,7 +555,7 @@ class CaptureStore:
             settle(current, [append_result(self._sibling(rollout_id, DATA_SUFFIX), False)] * len(current))
         if late:
             path = self._sibling(rollout_id, LATE_SUFFIX)
-            append_lines_durably(rollout_id + LATE_SUFFIX, self._dir_fd, [entry.line for entry in late])
+            append_lines_durably(rollout_file_stem(rollout_id) + LATE_SUFFIX, self._dir_fd, [entry.line for entry in late])
             settle(late, [append_result(path, True)] * len(late))
 
     def _current_data(self, rollout_id: str, files: RolloutFiles) -> tuple[float | None, os.stat_result | None]:
@@ -582,7 +582,7 @@ class CaptureStore:
         rollout's mutex and flock, and syncs.
         """
         if data is None or files.data_fd is None:
-            fd = files.open_data(rollout_id + DATA_SUFFIX)
+            fd = files.open_data(rollout_file_stem(rollout_id) + DATA_SUFFIX)
             data = os.fstat(fd)
         else:
             fd = files.data_fd
@@ -600,7 +600,7 @@ class CaptureStore:
 
         Used by clear(): a second open file, so its flock also excludes this process's writers.
         """
-        fd = DESCRIPTORS.open_regular(rollout_id + LOCK_SUFFIX, os.O_RDWR | os.O_CREAT, self._dir_fd, single_link=True)
+        fd = DESCRIPTORS.open_regular(rollout_file_stem(rollout_id) + LOCK_SUFFIX, os.O_RDWR | os.O_CREAT, self._dir_fd, single_link=True)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
         except BaseException:
@@ -638,7 +638,7 @@ class CaptureStore:
             )
 
     def _cleared_at(self, rollout_id: str) -> float | None:
-        tombstone = rollout_id + TOMBSTONE_SUFFIX
+        tombstone = rollout_file_stem(rollout_id) + TOMBSTONE_SUFFIX
         # The usual case, and cheaper than a failed open(); a planted link counts as present and is refused below.
         if not os.access(tombstone, os.F_OK, dir_fd=self._dir_fd, follow_symlinks=False):
             return None
@@ -668,7 +668,7 @@ class CaptureStore:
         logged once per store.
         """
         try:
-            name = validate_rollout_id(rollout_id) + MARKER_SUFFIX
+            name = rollout_file_stem(validate_rollout_id(rollout_id)) + MARKER_SUFFIX
             if self._dir_fd < 0:
                 raise FileNotFoundError(2, "the capture directory does not exist", self._directory)
             with self._marker_lock:  # one marker update at a time in this process
@@ -732,7 +732,7 @@ class CaptureStore:
             try:
                 for suffix in (DATA_SUFFIX, MARKER_SUFFIX, LATE_SUFFIX):
                     try:
-                        os.unlink(rollout_id + suffix, dir_fd=self._dir_fd)  # a planted link goes, not its target
+                        os.unlink(rollout_file_stem(rollout_id) + suffix, dir_fd=self._dir_fd)  # a planted link goes, not its target
                     except FileNotFoundError:
                         pass
                 self._write_tombstone(rollout_id, time.time())
@@ -748,7 +748,7 @@ class CaptureStore:
     def _write_tombstone(self, rollout_id: str, cleared_at: float) -> None:
         """Write the tombstone through a synced temp file and a rename; the caller syncs the directory."""
         content = orjson.dumps({"cleared_at": cleared_at}, option=orjson.OPT_APPEND_NEWLINE)
-        replace_file_synced(rollout_id + TOMBSTONE_SUFFIX, content, dir_fd=self._dir_fd)
+        replace_file_synced(rollout_file_stem(rollout_id) + TOMBSTONE_SUFFIX, content, dir_fd=self._dir_fd)
 
     def rollouts(self) -> list[str]:
         """Return the sorted ids that have a data file or an incomplete marker."""
@@ -765,14 +765,14 @@ class CaptureStore:
         found: set[str] = set()
         for name in names:
             for suffix in (DATA_SUFFIX, MARKER_SUFFIX):
-                stem = name[: -len(suffix)]
-                if name.endswith(suffix) and len(stem) <= MAX_ROLLOUT_ID_LENGTH and ROLLOUT_ID_PATTERN.fullmatch(stem):
-                    found.add(stem)
+                rollout_id = rollout_id_from_file_stem(name[: -len(suffix)]) if name.endswith(suffix) else None
+                if rollout_id is not None:
+                    found.add(rollout_id)
         return sorted(found)
 
     def size_of(self, rollout_id: str) -> int:
         """Return the size in bytes of a rollout's capture file (0 when it has none)."""
-        name = validate_rollout_id(rollout_id) + DATA_SUFFIX
+        name = rollout_file_stem(validate_rollout_id(rollout_id)) + DATA_SUFFIX
         if self._dir_fd < 0:
             return 0
         try:
@@ -793,8 +793,8 @@ class CaptureStore:
         progress.
         """
         rollout_id = validate_rollout_id(rollout_id)
-        path = self.root / f"{rollout_id}{DATA_SUFFIX}"
-        data = self._read_bytes(rollout_id + DATA_SUFFIX)
+        path = self.root / f"{rollout_file_stem(rollout_id)}{DATA_SUFFIX}"
+        data = self._read_bytes(rollout_file_stem(rollout_id) + DATA_SUFFIX)
         entries: list[tuple[int, dict[str, Any]]] = []
         invalid_lines: list[int] = []
         for line_number, call_index, record, problem in _scan_lines(data or b""):
@@ -804,8 +804,8 @@ class CaptureStore:
                 raise CaptureRecordError(path, line_number, problem)
             else:
                 invalid_lines.append(call_index)
-        late = self._read_bytes(rollout_id + LATE_SUFFIX)
-        marker = rollout_id + MARKER_SUFFIX
+        late = self._read_bytes(rollout_file_stem(rollout_id) + LATE_SUFFIX)
+        marker = rollout_file_stem(rollout_id) + MARKER_SUFFIX
         marked = self._dir_fd >= 0 and os.access(marker, os.F_OK, dir_fd=self._dir_fd, follow_symlinks=False)
         return ReadResult(
             rollout_id=rollout_id,
