@@ -36,6 +36,7 @@ import orjson
 
 from ..content_coding import DEFAULT_MAX_DECODED_BYTES
 from ..correlation import ROLLOUT_PREFIX, split_rollout_prefix, split_token_capture_segment
+from ..correlation.ids import TRAINING_TOKEN_CAPTURE_SEGMENT
 from ..correlation.sampling import (
     MODEL_SAMPLING_HEADER,
     MODEL_SAMPLING_PREFIX,
@@ -147,7 +148,9 @@ class CaptureMiddleware:
             await _send_json_error(send, 400, str(exc), "invalid_rollout_id")
             return
         # The reference system's token-id capture path: stripped like the prefix, and the call captured.
-        token_capture, rest = split_token_capture_segment(rest) if rollout_id is not None else (False, rest)
+        token_capture = False
+        if rollout_id is not None and rest.startswith(TRAINING_TOKEN_CAPTURE_SEGMENT):
+            token_capture, rest = split_token_capture_segment(rest)
         try:
             segment, rest = split_sampling_segment(rest)
             segment_error = None
