@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 import llmtap.correlation.ids
 from llmtap.correlation import (
@@ -23,6 +23,7 @@ from llmtap.correlation import (
     rollout_id_from_run,
     rollout_id_from_run_body,
     rollout_path_prefix,
+    run_body_value,
     split_correlation_path,
     split_rollout_prefix,
     url_path_for_request,
@@ -107,8 +108,10 @@ def test_explicit_none_falls_back_to_derivation() -> None:
     assert rollout_id_from_run_body(body) == "3-1"
 
 
-def test_digit_string_indices_are_coerced_so_the_same_row_gives_the_same_id() -> None:
-    assert rollout_id_from_run_body({"_ng_task_index": "03", "_ng_rollout_index": "1"}) == "3-1"
+def test_digit_string_indices_keep_the_callers_digits_as_the_reference_builds_them() -> None:
+    assert rollout_id_from_run_body({"_ng_task_index": "01", "_ng_rollout_index": "0"}) == "01-0"
+    assert rollout_id_from_run_body({"_ng_task_index": "03", "_ng_rollout_index": 1}) == "03-1"
+    assert rollout_id_from_run_body({"_ng_task_index": 3, "_ng_rollout_index": 1, "_ng_attempt_index": "02"}) == "3-1-a2"
 
 
 @pytest.mark.parametrize("index", [True, False, -1, 1.0, "1.0", "x", "", "٣", [1]])
@@ -149,7 +152,7 @@ def test_split_leaves_unprefixed_paths_alone(path: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["/ng-rollout//v1/responses", "/ng-rollout/", "/ng-rollout/.hidden/v1/responses", "/ng-rollout/a b/v1", "/ng-rollout/ü/v1"]
+    "path", ["/ng-rollout//v1/responses", "/ng-rollout/", "/ng-rollout/../v1/responses", "/ng-rollout/a b/v1", "/ng-rollout/ü/v1"]
 )
 def test_split_raises_for_a_prefixed_path_with_an_invalid_id(path: str) -> None:
     with pytest.raises(InvalidRolloutIdError):
@@ -276,7 +279,7 @@ def test_path_for_request_carries_a_sampling_header_and_refuses_one_that_differs
 
 def test_path_for_request_raises_for_an_invalid_inbound_id() -> None:
     with pytest.raises(InvalidRolloutIdError):
-        url_path_for_request("/v1/responses", "/ng-rollout/.x/v1/responses")
+        url_path_for_request("/v1/responses", "/ng-rollout/a%2Fb/v1/responses")
     with pytest.raises(InvalidRolloutIdError):
         url_path_for_request("/v1/responses", SimpleNamespace(path_params={"rollout_id": "a b"}))
 
@@ -349,3 +352,194 @@ def test_an_attempt_suffix_that_pushes_an_id_past_the_store_limit_raises() -> No
     assert rollout_id_from_run_body({"_ng_rollout_id": long_id}) == long_id
     with pytest.raises(InvalidRolloutIdError):
         rollout_id_from_run_body({"_ng_rollout_id": long_id, "_ng_attempt_index": 1})
+
+
+# --- ids the reference system builds (issue 17 item 6) ------------------------------------------
+
+# The reference system's rules, written from its behaviour (a model, not its code): its store files
+# any non-empty id of ASCII letters, digits, '.', '_' and '-'; an explicit `_ng_rollout_id` must
+# also start with a letter or digit, checked with `re.match`, so a trailing newline passes there.
+_REFERENCE_ID_CHARACTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+_FILE_NAME_BYTES = 255
+
+
+def reference_store_accepts(rollout_id: str) -> bool:
+    return bool(rollout_id) and all(char in _REFERENCE_ID_CHARACTERS for char in rollout_id)
+
+
+def reference_explicit_accepts(rollout_id: str) -> bool:
+    import re
+
+    return re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", rollout_id) is not None
+
+
+def llmtap_accepts(check: Any, rollout_id: str) -> bool:
+    try:
+        check(rollout_id)
+    except InvalidRolloutIdError:
+        return False
+    return True
+
+
+# Mostly id characters, with the ones that must be refused mixed in, and lengths around the bound.
+id_texts = st.text(alphabet=st.sampled_from(sorted(_REFERENCE_ID_CHARACTERS) + ["/", " ", "%", "ü", "\n", "٣", "\x00"]))
+long_ids = st.builds(lambda char, n, rest: char * n + rest, st.sampled_from("a.-_9"), st.integers(190, 245), id_texts)
+
+
+@given(id_texts | long_ids)
+def test_a_capture_point_files_every_id_the_reference_store_files_that_is_safe_as_a_file_name(rollout_id: str) -> None:
+    from llmtap.correlation.ids import MAX_ROLLOUT_ID_LENGTH, validate_rollout_id
+
+    expected = (
+        reference_store_accepts(rollout_id)
+        and len(rollout_id) <= MAX_ROLLOUT_ID_LENGTH
+        and rollout_id not in (".", "..")  # dot segments: a URL drops them
+    )
+    assert llmtap_accepts(validate_rollout_id, rollout_id) == expected
+
+
+@given(id_texts | long_ids)
+def test_an_explicit_id_is_accepted_exactly_where_the_reference_accepts_it_and_it_can_be_filed(rollout_id: str) -> None:
+    from llmtap.correlation.ids import MAX_ROLLOUT_ID_LENGTH
+
+    expected = (
+        reference_explicit_accepts(rollout_id)
+        and not rollout_id.endswith("\n")  # `re.match` with `$` lets one through; no file name may hold it
+        and len(rollout_id) <= MAX_ROLLOUT_ID_LENGTH
+    )
+    assert llmtap_accepts(lambda rid: rollout_id_from_run_body({"_ng_rollout_id": rid}), rollout_id) == expected
+
+
+@given(id_texts | long_ids)
+def test_a_file_stem_is_reversible_never_hidden_and_every_name_fits(rollout_id: str) -> None:
+    from llmtap.correlation.ids import rollout_file_stem, rollout_id_from_file_stem, validate_rollout_id
+
+    if not llmtap_accepts(validate_rollout_id, rollout_id):
+        return
+    stem = rollout_file_stem(rollout_id)
+    assert rollout_id_from_file_stem(stem) == rollout_id
+    assert not stem.startswith(".") and "/" not in stem and stem not in (".", "..")
+    # The longest name the store makes: the marker's temporary file, with a 7-digit pid.
+    assert len(f".{stem}.capture.incomplete.4194303.{'f' * 8}.tmp".encode()) <= _FILE_NAME_BYTES
+
+
+@pytest.mark.parametrize("stem", [".hidden", "a%2Eb", "%2E", "%2E.", "", "a" * 215, "a b", "%2E%2Ex"])
+def test_a_name_no_valid_id_has_is_never_read_back_as_an_id(stem: str) -> None:
+    from llmtap.correlation.ids import rollout_id_from_file_stem
+
+    assert rollout_id_from_file_stem(stem) is None
+
+
+def test_ids_the_reference_files_are_stored_whole_even_at_the_bound_with_the_largest_pid(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from llmtap.correlation.ids import MAX_ROLLOUT_ID_LENGTH
+    from llmtap.store import CaptureStore
+
+    monkeypatch.setattr(os, "getpid", lambda: 4194303)  # Linux's largest pid: the longest temporary names
+    longest, dotted = "r" * MAX_ROLLOUT_ID_LENGTH, "." + "d" * (MAX_ROLLOUT_ID_LENGTH - 1)
+    with CaptureStore(tmp_path) as store:
+        for rollout_id in (longest, dotted, "..."):
+            store.append(rollout_id, {"model_call_id": "m1", "started_at": 1.0})
+            store.mark_incomplete(rollout_id, "test")
+            assert store.read(rollout_id).incomplete
+            store.clear(rollout_id)
+            store.append(rollout_id, {"model_call_id": "m2", "started_at": 2e9})
+            assert [record["model_call_id"] for _, record in store.read(rollout_id).entries] == ["m2"]
+        assert store.rollouts() == sorted([longest, dotted, "..."])
+    names = os.listdir(tmp_path)
+    assert not any(name.startswith(".") for name in names)
+    assert f"%2E{'d' * (MAX_ROLLOUT_ID_LENGTH - 1)}.capture.jsonl" in names
+
+
+class ReferenceRunRequest(BaseModel):
+    """The shape of the reference system's run request: the explicit id in a field under its alias."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    responses_create_params: dict[str, Any] = {}
+    capture_rollout_id: Any = Field(default=None, alias="_ng_rollout_id", exclude=True)
+
+
+def test_an_explicit_id_is_read_from_a_pydantic_field_under_its_alias() -> None:
+    by_alias = ReferenceRunRequest.model_validate({"_ng_rollout_id": "job-7"})
+    by_name = ReferenceRunRequest(capture_rollout_id="job-8")
+    assert rollout_id_from_run_body(by_alias) == "job-7"
+    assert rollout_id_from_run_body(by_name) == "job-8"
+    assert url_path_for_run("/v1/responses", by_alias) == "/ng-rollout/job-7/v1/responses"
+    assert rollout_id_from_run_body(ReferenceRunRequest()) is None
+    with pytest.raises(InvalidRolloutIdError):
+        rollout_id_from_run_body(ReferenceRunRequest.model_validate({"_ng_rollout_id": ".hidden"}))
+
+
+def test_a_validation_alias_and_alias_choices_are_read_too() -> None:
+    from pydantic import AliasChoices
+
+    class Row(BaseModel):
+        rollout: Any = Field(default=None, validation_alias=AliasChoices("_ng_rollout_id", "rid"))
+        task: Any = Field(default=None, validation_alias="_ng_task_index")
+
+    assert rollout_id_from_run_body(Row.model_validate({"rid": "r-1"})) == "r-1"
+    assert rollout_id_from_run_body(Row.model_validate({"_ng_rollout_id": "r-2"})) == "r-2"
+    row = Row.model_validate({"_ng_task_index": "07"})
+    assert run_body_value(row, "_ng_task_index") == "07"
+
+
+def test_reading_a_plain_mapping_imports_no_pydantic() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from llmtap.correlation.run_body import run_body_value; "
+        "assert run_body_value({'_ng_rollout_id': 'x'}, '_ng_rollout_id') == 'x'; "
+        "print('pydantic' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+# --- the training token-capture segment (issue 17 item 7) -----------------------------------------
+
+
+def test_helpers_put_the_training_segment_after_the_id_and_before_the_sampling_segment() -> None:
+    body = {"_ng_task_index": 3, "_ng_rollout_index": 1, "_ng_model_sampling": SAMPLING_ROW}
+    expected = f"/ng-rollout/3-1/training-token-capture/ng-sampling/{SEGMENT}/v1/responses"
+    assert url_path_for_run("/v1/responses", body, token_capture=True) == expected
+    assert base_url_for_run("http://h:1/", body, token_capture=True) == expected.removesuffix("/v1/responses").join(
+        ["http://h:1", ""]
+    )
+    assert resolve_model_base_url("h:1", "3-1", token_capture=True) == "http://h:1/ng-rollout/3-1/training-token-capture/v1"
+    assert rollout_path_prefix(None, token_capture=True) == ""  # no rollout, no token capture
+    assert split_correlation_path(expected) == CorrelatedPath("3-1", SEGMENT, "/v1/responses", True)
+
+
+def test_an_inbound_training_segment_is_carried_downstream() -> None:
+    inbound = SimpleNamespace(
+        path_params={"rollout_id": "4-2"}, url=SimpleNamespace(path="/ng-rollout/4-2/training-token-capture/v1/responses")
+    )
+    assert url_path_for_request("/v1/chat/completions", inbound) == "/ng-rollout/4-2/training-token-capture/v1/chat/completions"
+    assert url_path_for_request("/v1/chat/completions", "/ng-rollout/4-2/v1/responses") == "/ng-rollout/4-2/v1/chat/completions"
+
+
+@pytest.mark.parametrize(
+    ("rest", "split"),
+    [
+        ("/training-token-capture/v1/responses", (True, "/v1/responses")),
+        ("/training-token-capture", (True, "/")),
+        ("/training-token-capture?x=1", (True, "/?x=1")),
+        ("/training-token-captured/v1", (False, "/training-token-captured/v1")),
+        ("/v1/responses", (False, "/v1/responses")),
+    ],
+)
+def test_the_segment_is_split_only_as_a_whole_segment(rest: str, split: tuple[bool, str]) -> None:
+    from llmtap.correlation import split_token_capture_segment
+
+    assert split_token_capture_segment(rest) == split
+
+
+@given(rollout_ids, st.booleans(), st.sampled_from(GENERATION_PATHS), st.none() | segments)
+def test_every_built_path_splits_back_into_what_built_it(rollout_id: str, token_capture: bool, path: str, segment: Any) -> None:
+    from llmtap.correlation.sampling import with_model_sampling_segment
+
+    built = with_model_sampling_segment(f"{rollout_path_prefix(rollout_id, token_capture=token_capture)}{path}", segment)
+    assert split_correlation_path(built) == CorrelatedPath(rollout_id, segment, path, token_capture)

@@ -249,7 +249,7 @@ def test_segment_goes_in_front_of_a_generation_path_and_after_a_rollout_prefix(p
         "/ng-sampling/null/v1/responses",
         "/ng-rollout/4-2/ng-sampling/null/v1/responses",
         "/ng-rollout//v1/responses",
-        "/ng-rollout/.hidden/v1/responses",
+        "/ng-rollout/../v1/responses",
         "/ng-rollout/a b/v1/chat/completions",
         "/ng-rollout/4-2",
     ],

@@ -51,14 +51,14 @@ class CollectError(LlmtapError):
 
 
 class InvalidRolloutIdError(LlmtapError, ValueError):
-    """Raised when a rollout id does not match the one rollout id pattern."""
+    """Raised when a rollout id breaks the id rules of `llmtap.correlation.ids`."""
 
     def __init__(self, rollout_id: object, reason: str = "") -> None:
         self.rollout_id = rollout_id
         detail = f" ({reason})" if reason else ""
         super().__init__(
-            f"Rollout id {rollout_id!r} is not valid{detail}: use ASCII letters, digits, '.', '_' "
-            "and '-', starting with a letter or digit."
+            f"Rollout id {rollout_id!r} is not valid{detail}: use 1 to 212 ASCII letters, digits, '.', '_' "
+            "and '-' (an explicit _ng_rollout_id starting with a letter or digit)."
         )
 
 

@@ -240,7 +240,7 @@ async def test_invalid_rollout_id_is_a_clear_400(store: CaptureStore) -> None:
     recorded = fixture("chat/text-basic-gpt4o")
     health = CaptureHealth()
     sent = await call_app(middleware(replaying_app(recorded), store, health=health),
-                          http_scope("/ng-rollout/.hidden/v1/chat/completions"), b"{}")
+                          http_scope("/ng-rollout/a%20b/v1/chat/completions"), b"{}")
     assert sent.status == 400 and b"not valid" in sent.body
     assert health.snapshot()["rejected_rollout_ids"] == 1
 
@@ -390,3 +390,59 @@ async def test_a_stream_keeps_each_chunk_as_it_arrived_so_it_can_be_cut_back(sto
     assert offsets == sorted(offsets) and offsets[0] >= 0
     [record] = read_model_call_records(store, "chunks")
     assert "response_chunks" not in record.extra  # a field of llmtap's own lines, not an unknown one
+
+
+# --- the training token-capture segment (issue 17 item 7) -----------------------------------------
+
+
+@pytest.mark.parametrize("sampling", ["", "/ng-sampling/null"])
+async def test_the_training_token_capture_segment_is_stripped_and_its_call_captured_and_marked(
+    store: CaptureStore, sampling: str
+) -> None:
+    recorded = fixture("chat/text-basic-gpt4o")
+    seen: list[Scope] = []
+    app = middleware(replaying_app(recorded, seen=seen), store)
+    path = f"/ng-rollout/4-2/training-token-capture{sampling}/v1/chat/completions"
+    sent = await call_app(app, http_scope(path), request_body(recorded))
+    assert sent.body == recorded.body_bytes
+    assert seen[0]["path"] == "/v1/chat/completions" and seen[0]["raw_path"] == b"/v1/chat/completions"
+    [line] = [record for _, record in store.read("4-2").entries]
+    assert line["training_token_capture"] is True and line["http"]["path"] == "/v1/chat/completions"
+
+
+async def test_an_eval_call_has_no_training_token_capture_mark(store: CaptureStore) -> None:
+    recorded = fixture("chat/text-basic-gpt4o")
+    app = middleware(replaying_app(recorded), store)
+    await call_app(app, http_scope("/ng-rollout/4-2/v1/chat/completions"), request_body(recorded))
+    [line] = [record for _, record in store.read("4-2").entries]
+    assert "training_token_capture" not in line
+
+
+@pytest.mark.parametrize(
+    ("path", "routed"),
+    [
+        ("/training-token-capture/v1/chat/completions", "/training-token-capture/v1/chat/completions"),
+        ("/ng-rollout/4-2/training-token-captured/v1/chat/completions", "/training-token-captured/v1/chat/completions"),
+    ],
+)
+async def test_the_segment_is_only_the_segment_and_only_after_a_rollout_prefix(
+    store: CaptureStore, path: str, routed: str
+) -> None:
+    recorded = fixture("chat/text-basic-gpt4o")
+    seen: list[Scope] = []
+    app = middleware(replaying_app(recorded, seen=seen), store)
+    await call_app(app, http_scope(path), request_body(recorded))
+    assert seen[0]["path"] == routed
+    assert store.rollouts() == []  # not a dialect path: routed as it is, nothing captured
+
+
+async def test_a_leading_dot_id_is_captured_under_an_escaped_file_name(store: CaptureStore) -> None:
+    recorded = fixture("chat/text-basic-gpt4o")
+    app = middleware(replaying_app(recorded), store)
+    sent = await call_app(app, http_scope("/ng-rollout/.hidden/v1/chat/completions"), request_body(recorded))
+    assert sent.status == 200
+    assert store.rollouts() == [".hidden"]
+    assert (store.root / "%2Ehidden.capture.jsonl").is_file()
+    assert not any(name.name.startswith(".") for name in store.root.iterdir())
+    [record] = read_model_call_records(store, ".hidden")
+    assert record.status_code == 200

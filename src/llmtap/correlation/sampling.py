@@ -25,7 +25,12 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from llmtap.correlation.ids import MODEL_SAMPLING_PREFIX, ROLLOUT_PREFIX, validate_rollout_id
+from llmtap.correlation.ids import (
+    MODEL_SAMPLING_PREFIX,
+    ROLLOUT_PREFIX,
+    TRAINING_TOKEN_CAPTURE_SEGMENT,
+    validate_rollout_id,
+)
 from llmtap.correlation.run_body import run_body_value
 from llmtap.errors import InvalidRolloutIdError
 
@@ -214,7 +219,8 @@ def model_sampling_path_segment(segment: str | None) -> str:
 
 
 def with_model_sampling_segment(url_path: str, segment: str | None) -> str:
-    """Insert `/ng-sampling/<segment>` into a model server generation path, after its rollout prefix.
+    """Insert `/ng-sampling/<segment>` into a model server generation path, after its rollout prefix
+    (and its `/training-token-capture` segment).
 
     Only the three generation paths get a segment; other paths, paths that already carry a
     segment, and paths with a malformed rollout prefix are returned unchanged. A query string
@@ -236,6 +242,8 @@ def with_model_sampling_segment(url_path: str, segment: str | None) -> str:
         if not slash:
             return url_path
         prefix, rest = f"{ROLLOUT_PREFIX}{rollout_id}", f"/{rest}"
+        if rest.startswith(TRAINING_TOKEN_CAPTURE_SEGMENT + "/"):
+            prefix, rest = prefix + TRAINING_TOKEN_CAPTURE_SEGMENT, rest[len(TRAINING_TOKEN_CAPTURE_SEGMENT) :]
     if rest not in _GENERATION_API_PATHS:
         return url_path
     return f"{prefix}{model_sampling_path_segment(segment)}{rest}{mark}{query}"

@@ -1,7 +1,8 @@
 """Capture middleware: a pure ASGI tee around any model server app.
 
-Requests under `/ng-rollout/<rollout_id>[/ng-sampling/<segment>]` have that prefix stripped from
-`path` and `raw_path` (always, capture on or off); those for a dialect path are captured. Bytes go
+Requests under `/ng-rollout/<rollout_id>[/training-token-capture][/ng-sampling/<segment>]` have
+that prefix stripped from `path` and `raw_path` (always, capture on or off); those for a dialect
+path are captured, a training token-capture call with `"training_token_capture": true` in its record. Bytes go
 to the client as they arrive, except what must wait for durability: the final message, and for a
 stream the chunk at which the client holds the complete answer (a chat choice's `finish_reason`,
 a Messages stop reason, a Responses terminal event: its dialect's `answered`) and everything after
@@ -32,7 +33,8 @@ from urllib.parse import unquote
 
 import orjson
 
-from ..correlation import ROLLOUT_PREFIX, split_rollout_prefix
+from ..correlation import ROLLOUT_PREFIX, split_rollout_prefix, split_token_capture_segment
+from ..correlation.ids import TRAINING_TOKEN_CAPTURE_SEGMENT
 from ..correlation.sampling import (
     MODEL_SAMPLING_HEADER,
     MODEL_SAMPLING_PREFIX,
@@ -155,6 +157,10 @@ class CaptureMiddleware:
             self.health.count("rejected_rollout_ids")
             await _send_json_error(send, 400, str(exc), "invalid_rollout_id", dialect_for_path(target, exact=False))
             return
+        # The reference system's token-id capture path: stripped like the prefix, and the call captured.
+        token_capture = False
+        if rollout_id is not None and rest.startswith(TRAINING_TOKEN_CAPTURE_SEGMENT):
+            token_capture, rest = split_token_capture_segment(rest)
         try:
             segment, rest = split_sampling_segment(rest)
             segment_error = None
@@ -173,6 +179,8 @@ class CaptureMiddleware:
         header_segment = _header(scope, MODEL_SAMPLING_HEADER)
         call = _CapturedCall(self, inner_scope, rollout_id, dialect)
         call.scope[EXCHANGE_SCOPE_KEY] = call.exchange
+        if token_capture:
+            call.exchange.extra[TRAINING_TOKEN_CAPTURE_FIELD] = True
         await call.run(receive, send, segment, header_segment, segment_error)
 
     async def _refuse_path(self, send: Send, why: str, target: str) -> None:
@@ -189,6 +197,10 @@ class CaptureMiddleware:
         report = health_report(self.health, capture_dir, self.in_flight, otlp_export=export)
         await send_health(send, report, head_only=head_only)
 
+
+# The record's mark of a call made under `/ng-rollout/<id>/training-token-capture`: a call whose
+# token ids a training framework captures. Absent, not false, on every other call.
+TRAINING_TOKEN_CAPTURE_FIELD = "training_token_capture"
 
 # A call is correlated by a rollout prefix, and may carry a sampling segment after it, or alone
 # (a run whose rows carry sampling values but no rollout id): both are stripped before routing.

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from llmtap.correlation.ids import rollout_file_stem
 from llmtap.errors import CaptureDirectoryError, StoreError, UnsafeCaptureFileError
 from llmtap.store.durable import append_lines_durably, append_whole, sync_data, sync_directory
 from llmtap.store.group_commit import BatchedSyncs, GroupCommitter, PendingAppend, settle
@@ -212,7 +213,7 @@ class AppendPath(MarkersAndFence):
     def _sync_inode(self, rollout_id: str, inode: tuple[int, int]) -> OSError | None:
         """fdatasync one data file, or the error; a file a clear() has unlinked since needs none."""
         try:
-            fd = self._sync_fds.fd_for(rollout_id + DATA_SUFFIX, inode)
+            fd = self._sync_fds.fd_for(rollout_file_stem(rollout_id) + DATA_SUFFIX, inode)
             if fd is not None:
                 sync_data(fd)
         except OSError as exc:
@@ -248,7 +249,7 @@ class AppendPath(MarkersAndFence):
             settle(current, [append_result(self._sibling(rollout_id, DATA_SUFFIX), False)] * len(current))
         if late:
             path = self._sibling(rollout_id, LATE_SUFFIX)
-            append_lines_durably(rollout_id + LATE_SUFFIX, self._dir_fd, [entry.line for entry in late])
+            append_lines_durably(rollout_file_stem(rollout_id) + LATE_SUFFIX, self._dir_fd, [entry.line for entry in late])
             settle(late, [append_result(path, True)] * len(late))
 
     def _current_data(self, rollout_id: str, files: RolloutFiles) -> tuple[float | None, os.stat_result | None]:
@@ -275,7 +276,7 @@ class AppendPath(MarkersAndFence):
         rollout's mutex and flock, and syncs.
         """
         if data is None or files.data_fd is None:
-            fd = files.open_data(rollout_id + DATA_SUFFIX)
+            fd = files.open_data(rollout_file_stem(rollout_id) + DATA_SUFFIX)
             data = os.fstat(fd)
         else:
             fd = files.data_fd

@@ -50,7 +50,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from llmtap.correlation.ids import validate_rollout_id
+from llmtap.correlation.ids import rollout_file_stem, validate_rollout_id
 from llmtap.errors import CaptureDirectoryError
 from llmtap.store.append_path import AppendPath, SyncJob
 from llmtap.store.durable import SAFE_FLAGS, sync_data, write_all
@@ -186,7 +186,7 @@ class CaptureStore(AppendPath, CaptureReads):
         if previous is not None:  # a forked child: the parent's sync helper is not ours
             previous.forget_after_fork()
         self._threads = CommitThreads()
-        self._files = RolloutFileCache(self._dir_fd, lambda rollout_id: rollout_id + LOCK_SUFFIX)
+        self._files = RolloutFileCache(self._dir_fd, lambda rollout_id: rollout_file_stem(rollout_id) + LOCK_SUFFIX)
         self._sync_fds = SyncDescriptors(self._dir_fd)
         self._committer = GroupCommitter(self._commit, self._threads)
         self._syncs: BatchedSyncs[SyncJob] = BatchedSyncs(self._sync_batch, self._threads)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from llmtap.correlation.ids import validate_rollout_id
+from llmtap.correlation.ids import rollout_file_stem, validate_rollout_id
 
 __all__ = ["DATA_SUFFIX", "LATE_SUFFIX", "LOCK_SUFFIX", "MARKER_SUFFIX", "TOMBSTONE_SUFFIX", "StoreLayout"]
 
@@ -42,12 +42,12 @@ class StoreLayout:
 
     def path_for(self, rollout_id: str) -> Path:
         """Return `<root>/<rollout_id>.capture.jsonl`, after validating the id."""
-        return self.root / f"{validate_rollout_id(rollout_id)}{DATA_SUFFIX}"
+        return self.root / f"{rollout_file_stem(validate_rollout_id(rollout_id))}{DATA_SUFFIX}"
 
     def marker_path_for(self, rollout_id: str) -> Path:
         """Return `<root>/<rollout_id>.capture.incomplete`, after validating the id."""
-        return self.root / f"{validate_rollout_id(rollout_id)}{MARKER_SUFFIX}"
+        return self.root / f"{rollout_file_stem(validate_rollout_id(rollout_id))}{MARKER_SUFFIX}"
 
     def _sibling(self, rollout_id: str, suffix: str) -> str:
         """A path as a plain string: pathlib's cost shows on the append path."""
-        return f"{self._directory}{os.sep}{rollout_id}{suffix}"
+        return f"{self._directory}{os.sep}{rollout_file_stem(rollout_id)}{suffix}"

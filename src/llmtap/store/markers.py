@@ -17,7 +17,7 @@ import time
 
 import orjson
 
-from llmtap.correlation.ids import validate_rollout_id
+from llmtap.correlation.ids import rollout_file_stem, validate_rollout_id
 from llmtap.errors import StoreError
 from llmtap.store.durable import open_regular, replace_file_synced, sync_directory
 from llmtap.store.group_commit import PendingAppend
@@ -62,7 +62,7 @@ class MarkersAndFence(StoreLayout):
 
         Used by clear(): a second open file, so its flock also excludes this process's writers.
         """
-        fd = DESCRIPTORS.open_regular(rollout_id + LOCK_SUFFIX, os.O_RDWR | os.O_CREAT, self._dir_fd, single_link=True)
+        fd = DESCRIPTORS.open_regular(rollout_file_stem(rollout_id) + LOCK_SUFFIX, os.O_RDWR | os.O_CREAT, self._dir_fd, single_link=True)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
         except BaseException:
@@ -71,7 +71,7 @@ class MarkersAndFence(StoreLayout):
         return fd
 
     def _cleared_at(self, rollout_id: str) -> float | None:
-        tombstone = rollout_id + TOMBSTONE_SUFFIX
+        tombstone = rollout_file_stem(rollout_id) + TOMBSTONE_SUFFIX
         # The usual case, and cheaper than a failed open(); a planted link counts as present and is refused below.
         if not os.access(tombstone, os.F_OK, dir_fd=self._dir_fd, follow_symlinks=False):
             return None
@@ -101,7 +101,7 @@ class MarkersAndFence(StoreLayout):
         logged once per store.
         """
         try:
-            name = validate_rollout_id(rollout_id) + MARKER_SUFFIX
+            name = rollout_file_stem(validate_rollout_id(rollout_id)) + MARKER_SUFFIX
             if self._dir_fd < 0:
                 raise FileNotFoundError(2, "the capture directory does not exist", self._directory)
             with self._marker_lock:  # one marker update at a time in this process
@@ -165,7 +165,7 @@ class MarkersAndFence(StoreLayout):
             try:
                 for suffix in (DATA_SUFFIX, MARKER_SUFFIX, LATE_SUFFIX):
                     try:
-                        os.unlink(rollout_id + suffix, dir_fd=self._dir_fd)  # a planted link goes, not its target
+                        os.unlink(rollout_file_stem(rollout_id) + suffix, dir_fd=self._dir_fd)  # a planted link goes, not its target
                     except FileNotFoundError:
                         pass
                 self._write_tombstone(rollout_id, time.time())
@@ -181,4 +181,4 @@ class MarkersAndFence(StoreLayout):
     def _write_tombstone(self, rollout_id: str, cleared_at: float) -> None:
         """Write the tombstone through a synced temp file and a rename; the caller syncs the directory."""
         content = orjson.dumps({"cleared_at": cleared_at}, option=orjson.OPT_APPEND_NEWLINE)
-        replace_file_synced(rollout_id + TOMBSTONE_SUFFIX, content, dir_fd=self._dir_fd)
+        replace_file_synced(rollout_file_stem(rollout_id) + TOMBSTONE_SUFFIX, content, dir_fd=self._dir_fd)

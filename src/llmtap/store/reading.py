@@ -13,7 +13,7 @@ import os
 import stat
 from typing import Any
 
-from llmtap.correlation.ids import MAX_ROLLOUT_ID_LENGTH, ROLLOUT_ID_PATTERN, validate_rollout_id
+from llmtap.correlation.ids import rollout_file_stem, rollout_id_from_file_stem, validate_rollout_id
 from llmtap.errors import CaptureRecordError, StoreError, UnsafeCaptureFileError
 from llmtap.store.durable import open_regular
 from llmtap.store.layout import DATA_SUFFIX, LATE_SUFFIX, MARKER_SUFFIX, _describe
@@ -42,14 +42,14 @@ class CaptureReads(MarkersAndFence):
         found: set[str] = set()
         for name in names:
             for suffix in (DATA_SUFFIX, MARKER_SUFFIX):
-                stem = name[: -len(suffix)]
-                if name.endswith(suffix) and len(stem) <= MAX_ROLLOUT_ID_LENGTH and ROLLOUT_ID_PATTERN.fullmatch(stem):
-                    found.add(stem)
+                rollout_id = rollout_id_from_file_stem(name[: -len(suffix)]) if name.endswith(suffix) else None
+                if rollout_id is not None:
+                    found.add(rollout_id)
         return sorted(found)
 
     def size_of(self, rollout_id: str) -> int:
         """Return the size in bytes of a rollout's capture file (0 when it has none)."""
-        name = validate_rollout_id(rollout_id) + DATA_SUFFIX
+        name = rollout_file_stem(validate_rollout_id(rollout_id)) + DATA_SUFFIX
         if self._dir_fd < 0:
             return 0
         try:
@@ -70,8 +70,8 @@ class CaptureReads(MarkersAndFence):
         progress.
         """
         rollout_id = validate_rollout_id(rollout_id)
-        path = self.root / f"{rollout_id}{DATA_SUFFIX}"
-        data = self._read_bytes(rollout_id + DATA_SUFFIX)
+        path = self.root / f"{rollout_file_stem(rollout_id)}{DATA_SUFFIX}"
+        data = self._read_bytes(rollout_file_stem(rollout_id) + DATA_SUFFIX)
         entries: list[tuple[int, dict[str, Any]]] = []
         invalid_lines: list[int] = []
         for line_number, call_index, record, problem in scan_lines(data or b""):
@@ -81,8 +81,8 @@ class CaptureReads(MarkersAndFence):
                 raise CaptureRecordError(path, line_number, problem)
             else:
                 invalid_lines.append(call_index)
-        late = self._read_bytes(rollout_id + LATE_SUFFIX)
-        marker = rollout_id + MARKER_SUFFIX
+        late = self._read_bytes(rollout_file_stem(rollout_id) + LATE_SUFFIX)
+        marker = rollout_file_stem(rollout_id) + MARKER_SUFFIX
         marked = self._dir_fd >= 0 and os.access(marker, os.F_OK, dir_fd=self._dir_fd, follow_symlinks=False)
         return ReadResult(
             rollout_id=rollout_id,

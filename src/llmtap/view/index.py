@@ -28,8 +28,10 @@ __all__ = ["DATA_SUFFIX", "MARKER_SUFFIX", "CaptureIndex", "natural_key"]
 DATA_SUFFIX = ".capture.jsonl"  # the spec's file name, `<rollout_id>.capture.jsonl`
 MARKER_SUFFIX = ".capture.incomplete"
 _DIGITS = re.compile(r"(\d+)")
-# ROLLOUT_ID_PATTERN with its 200-character bound, as one pattern for `filter` (no Python call per name).
-_VALID_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", re.ASCII)
+# The file stems that are their own rollout id (`llmtap.correlation.ids.rollout_id_from_file_stem`:
+# every valid id but one with a leading dot, stored escaped), as one pattern for `filter` (no Python
+# call per name).
+_VALID_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,211}", re.ASCII)
 _TASK_ROLLOUT = re.compile(r"(\d+)-(\d+)(\D.*)?", re.ASCII | re.DOTALL)
 
 
