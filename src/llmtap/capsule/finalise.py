@@ -45,6 +45,7 @@ _LOSS_EVENTS = (
     "records_pending_at_close",
     "calls_open_at_close",
     "calls_in_flight_at_exit",  # calls a killed process never finished (`spool`'s in-flight counts)
+    "event_write_failed",  # tool-call or network-event lines the collector could not append
 )
 
 
@@ -235,6 +236,11 @@ def finalise_capsule(
             },
         }
     )
+    for key, path in (("tool_calls", paths.tool_calls), ("network_events", paths.network_events)):
+        lines = _count_lines(path)
+        if lines is not None:
+            manifest["files"][key] = path.name
+            manifest["counts"][key] = lines
     content = _redact(paths, manifest, tampered, lambda: _health_document(paths, calls, tampered, uncaptured_list))
     written = [paths.model_calls, paths.capture_health, paths.env_lock, paths.root / PROOF_NAME, paths.stdout, paths.stderr]
     write_manifest_last(paths, content, after=written)
@@ -277,6 +283,14 @@ def _redact(
     manifest["files"].pop("redaction_proof", None)
     manifest["redaction_error"] = error
     return redact_file_bytes(manifest_bytes(manifest), "json", ProofBuilder(), "capsule.json")
+
+
+def _count_lines(path: Any) -> int | None:
+    """How many lines an event stream file holds; None when there is none (or it is not a plain file)."""
+    try:
+        return read_regular_file(path).count(b"\n")
+    except OSError:
+        return None
 
 
 def _error_text(exc: BaseException) -> str:

@@ -26,6 +26,7 @@ HOOKED_LIBRARIES: dict[str, tuple[str, str]] = {
     "requests": ("llmtap.hooks.requests", "RequestsHook"),
     "urllib3": ("llmtap.hooks.urllib3", "Urllib3Hook"),
     "aiohttp": ("llmtap.hooks.aiohttp", "AiohttpHook"),
+    "mcp.client.session": ("llmtap.hooks.mcp", "McpClientHook"),  # MCP tool calls, not HTTP (hooks.mcp)
 }
 
 _lock = threading.RLock()

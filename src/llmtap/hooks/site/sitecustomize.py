@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
     from types import ModuleType
 
-_WATCHED = frozenset({"httpx", "httpx2", "requests", "urllib3", "aiohttp"})
+_WATCHED = frozenset({"httpx", "httpx2", "requests", "urllib3", "aiohttp", "mcp"})
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -1,0 +1,106 @@
+"""Zero-code MCP capture: `llmtap run -- python agent.py` records the `mcp` SDK's calls, with no proxy configured."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from llmtap.mcp import parse_tool_call_line
+
+from .conftest import TOOL_SERVER
+
+AGENT = """
+import asyncio, json, os, sys
+from mcp import Client, StdioServerParameters
+
+async def main():
+    if sys.argv[1] == "stdio":
+        target = StdioServerParameters(command=sys.executable, args=[{server!r}, "stdio"], env=dict(os.environ))
+    else:
+        target = sys.argv[2]
+    said = []
+    async with Client(target, mode="legacy") as client:
+        await client.list_tools()
+        said.append((await client.call_tool("echo", {{"text": "hi"}})).content[0].text)
+        failed = await client.call_tool("fail", {{"reason": "no"}})
+        said.append(failed.is_error)
+        await client.call_tool("slow", {{"seconds": 0.2}})
+        big = await client.call_tool("big", {{"size": 100000}})
+        said.append(len(big.content[0].text))
+    print(json.dumps(said))
+
+asyncio.run(main())
+"""
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    script = tmp_path / "agent.py"
+    script.write_text(AGENT.format(server=TOOL_SERVER))
+    command = [sys.executable, "-m", "llmtap.cli.run", "--capsule-dir", str(tmp_path / "runs"), "--", sys.executable, str(script), *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=dict(os.environ), cwd=tmp_path)
+    [capsule] = [path for path in (tmp_path / "runs").iterdir() if (path / "capsule.json").exists()]
+    return done, capsule
+
+
+def _check(done: subprocess.CompletedProcess[str], capsule: Path) -> list[dict[str, Any]]:
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == ["hi", True, 100000]  # the agent saw what it would see alone
+    lines = (capsule / "tool-calls.jsonl").read_bytes().splitlines()
+    records = [parse_tool_call_line(line).to_dict() for line in lines]
+    # One record per recorded request, in order: initialize is not one of them.
+    assert [(r["method"], r["name"]) for r in records] == [
+        ("tools/list", None), ("tools/call", "echo"), ("tools/call", "fail"), ("tools/call", "slow"), ("tools/call", "big"),
+    ]  # fmt: skip
+    listing, echo, fail, slow, big = records
+    assert listing["result"]["tools"] and "echo" in listing["result"]["tools"]
+    assert echo["status"] == "completed" and echo["arguments"] == {"text": "hi"} and echo["is_error"] is False
+    assert echo["result"]["content"][0]["text"] == "hi"
+    assert fail["status"] == "failed" and fail["is_error"] is True and fail["error"] == {"category": "tool_error"}
+    assert slow["duration_ms"] >= 200 and slow["completed_at"] >= slow["started_at"]
+    assert big["result"]["content_bytes"] > 100000 and big["result"]["content_truncated"] is True
+    assert len({r["session_id"] for r in records}) == 1 and all(r["transport"] == "sdk" for r in records)
+    manifest = json.loads((capsule / "capsule.json").read_text())
+    assert manifest["counts"]["tool_calls"] == 5 and manifest["files"]["tool_calls"] == "tool-calls.jsonl"
+    proof = json.loads((capsule / "redaction-proof.json").read_text())
+    assert "tool-calls.jsonl" in proof["files"]  # redacted at finalisation like every other file
+    return records
+
+
+def test_the_sdk_stdio_client_is_recorded_under_llmtap_run(tmp_path: Path) -> None:
+    done, capsule = _run(tmp_path, "stdio")
+    _check(done, capsule)
+
+
+def test_the_sdk_streamable_http_client_is_recorded_under_llmtap_run(http_server: str, tmp_path: Path) -> None:
+    done, capsule = _run(tmp_path, "http", http_server)
+    records = _check(done, capsule)
+    # The HTTP requests to the MCP server are network events too (not model calls).
+    events = [json.loads(line) for line in (capsule / "network_events.jsonl").read_bytes().splitlines()]
+    assert events and all(e["host"] == "127.0.0.1" and e["path"] == "/mcp" for e in events)
+    assert all("body" not in e and "headers" not in e for e in events)
+    assert len(records) == 5
+
+
+def test_a_proxy_started_by_the_agent_under_llmtap_run_spools_into_the_capsule(tmp_path: Path) -> None:
+    proxied = [sys.executable, "-m", "llmtap", "mcp-proxy", "--", sys.executable, TOOL_SERVER, "stdio"]
+    script = tmp_path / "agent.py"
+    script.write_text(
+        "import asyncio, os, sys\nfrom mcp import Client, StdioServerParameters\n"
+        "async def main():\n"
+        f"    params = StdioServerParameters(command={proxied[0]!r}, args={proxied[1:]!r}, env=dict(os.environ))\n"
+        "    async with Client(params, mode='legacy') as client:\n"
+        "        print((await client.call_tool('echo', {'text': 'via proxy'})).content[0].text)\n"
+        "asyncio.run(main())\n"
+    )
+    command = [sys.executable, "-m", "llmtap.cli.run", "--capsule-dir", str(tmp_path / "runs"), "--", sys.executable, str(script)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    [capsule] = [path for path in (tmp_path / "runs").iterdir() if (path / "capsule.json").exists()]
+    records = [json.loads(line) for line in (capsule / "tool-calls.jsonl").read_bytes().splitlines()]
+    # The agent's own SDK is hooked (transport "sdk") and the proxy records the same call on the wire (stdio).
+    echo = [(r["transport"], r["result"]["content"][0]["text"]) for r in records if r["method"] == "tools/call"]
+    assert sorted(echo) == [("sdk", "via proxy"), ("stdio", "via proxy")]
