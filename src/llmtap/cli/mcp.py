@@ -75,8 +75,8 @@ def mcp_proxy(
     the client at http://127.0.0.1:8790/mcp (or /ng-rollout/<id>/mcp to set the rollout id).
     """
     from ..errors import LlmtapError
-    from ..mcp.recorder import Recorder
     from ..mcp.capsule_sink import CapsuleToolCallSink, capsule_root_from_environment
+    from ..mcp.recorder import Recorder
     from ..mcp.records import FanOutToolCallSink, JsonlToolCallSink, ToolCallSink
     from ..store import validate_rollout_id
     from ..store.tool_calls import RolloutToolCallSink

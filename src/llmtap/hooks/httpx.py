@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from .base import Hook, Patch, claim_call, inside_hooked_call, release_call
+from .network import NetworkTimer, network_timer, timed, timed_async
 from .session import CapturedCall, active_session, open_call
 
 __all__ = ["Httpx2Hook", "HttpxHook"]
@@ -38,6 +39,17 @@ def _open(hook: str, request: Any) -> CapturedCall | None:
         port = url.port or _DEFAULT_PORTS.get(url.scheme)
         return open_call(hook, request.method, url.host, port, url.path, request.headers.raw, body)
     except Exception:  # an unusual request object: not captured, and httpx decides what happens
+        return None
+
+
+def _timer(hook: str, request: Any) -> NetworkTimer | None:
+    """Time a request that is not a model call, for its network event."""
+    try:
+        url = request.url
+        length = request.headers.get("content-length")
+        size = int(length) if length is not None and length.isdigit() else None
+        return network_timer(hook, request.method, url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme), url.path, size)
+    except Exception:
         return None
 
 
@@ -177,7 +189,7 @@ def _sync_send(hook: str, tee: type, original: Callable[..., Any]) -> Callable[.
         try:
             call = _open(hook, request)
             if call is None:
-                return original(self, request, *args, **kwargs)
+                return timed(_timer(hook, request), original, self, request, *args, **kwargs)
             wants_stream = kwargs.get("stream", False)
             kwargs["stream"] = True
             try:
@@ -208,7 +220,7 @@ def _async_send(hook: str, tee: type, original: Callable[..., Any]) -> Callable[
         try:
             call = _open(hook, request)
             if call is None:
-                return await original(self, request, *args, **kwargs)
+                return await timed_async(_timer(hook, request), original, self, request, *args, **kwargs)
             wants_stream = kwargs.get("stream", False)
             kwargs["stream"] = True
             try:

@@ -24,7 +24,7 @@ from typing import Any
 
 from .base import Hook, Patch
 
-__all__ = ["McpClientHook", "RECORDED_METHODS"]
+__all__ = ["RECORDED_METHODS", "McpClientHook"]
 
 RECORDED_METHODS = frozenset({"tools/call", "tools/list", "resources/read", "prompts/get"})
 _NAME_KEYS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}

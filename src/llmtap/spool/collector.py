@@ -16,8 +16,8 @@ import stat
 import sys
 import time
 
-from .events import STREAMS, EventStreams
-from .frame import KIND_CALL, KIND_HEALTH, KIND_PROCESS, Frame, ScanResult, decode_call, scan_frames
+from .events import STREAMS, EventStreams, event_from_call_frame
+from .frame import KIND_CALL, KIND_HEALTH, KIND_NETWORK, KIND_PROCESS, Frame, ScanResult, decode_call, scan_frames
 from .writer import IN_FLIGHT_FORMAT, IN_FLIGHT_SUFFIX, SPOOL_SUFFIX, spool_directory
 
 # Only what the recorder needs at once: the rest is imported where it is used (finalisation
@@ -246,6 +246,8 @@ class SpoolCollector:
                     capture = exchange.extra["capture"] = {}
                 capture["spool"] = {"file": spool.path.name, "call": number}  # what a later finalisation dedups by
                 pending.append((spool, exchange.rollout_id or "default", _build_line(exchange, dialect)))
+                event = event_from_call_frame(frame.meta, frame.request, frame.response, f"ne_{spool.path.stem}_call{number}")
+                self._events.add(KIND_NETWORK, event)  # a model call is a network request too
             except Exception as exc:
                 spool.failure("record_build_failed", exc)
         elif frame.kind in STREAMS:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from ..capsule.writer import CapsulePaths
 
-__all__ = ["NETWORK_EVENTS_FILE", "STREAMS", "TOOL_CALLS_FILE", "EventStreams"]
+__all__ = ["NETWORK_EVENTS_FILE", "STREAMS", "TOOL_CALLS_FILE", "EventStreams", "event_from_call_frame"]
 
 TOOL_CALLS_FILE = "tool-calls.jsonl"
 NETWORK_EVENTS_FILE = "network_events.jsonl"
@@ -117,3 +117,34 @@ def _ids_in(path: Any, key: str) -> set[str]:
         if isinstance(value, dict) and isinstance(value.get(key), str):
             found.add(value[key])
     return found
+
+
+def event_from_call_frame(meta: dict[str, Any], request: bytes, response: bytes, event_id: str) -> dict[str, Any]:
+    """The network event of a model call, from its spool frame (`spool.frame.encode_call`'s metadata)."""
+    extra = meta.get("extra") if isinstance(meta.get("extra"), dict) else {}
+    server = extra.get("server") if isinstance(extra.get("server"), dict) else {}
+    capture = extra.get("capture") if isinstance(extra.get("capture"), dict) else {}
+    exception = meta.get("exception") if isinstance(meta.get("exception"), dict) else None
+    chain = exception.get("chain") if exception else None
+    latency = meta.get("latency_s")
+    port = server.get("port")
+    return {
+        "schema_version": 1,
+        "record": "network_event",
+        "event_id": event_id,
+        "hook": capture.get("hook"),
+        "pid": capture.get("pid"),
+        "method": meta.get("method"),
+        "scheme": server.get("scheme"),
+        "host": server.get("address"),
+        "port": port if isinstance(port, int) else None,
+        "path": str(meta.get("path") or "/").split("?", 1)[0][:2048],
+        "request_bytes": len(request),
+        "response_bytes": len(response),
+        "started_at": meta.get("started_at"),
+        "duration_ms": round(latency * 1000.0, 3) if isinstance(latency, (int, float)) else None,
+        "status": meta.get("status"),
+        "error": chain[0].get("type") if isinstance(chain, list) and chain and isinstance(chain[0], dict) else None,
+        "model_call": True,
+        "provider": meta.get("provider"),
+    }
