@@ -27,6 +27,7 @@ from .session import CapturedCall, active_session, open_call
 __all__ = ["Httpx2Hook", "HttpxHook"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+DRAIN_LIMIT = 64 * 1024  # bytes of an unread error body read at close, so its record keeps it
 
 
 def _open(hook: str, request: Any) -> CapturedCall | None:
@@ -91,6 +92,8 @@ def _sync_tee_class(base: type) -> type:
         def close(self) -> None:
             call, self._call = self._call, None
             try:
+                if call is not None and _unread_error(call):
+                    _drain_sync(self._inner, call)
                 self._inner.close()
             finally:
                 if call is not None:
@@ -136,6 +139,8 @@ def _async_tee_class(base: type) -> type:
         async def aclose(self) -> None:
             call, self._call = self._call, None
             try:
+                if call is not None and _unread_error(call):
+                    await _drain_async(self._inner, call)
                 await self._inner.aclose()
             finally:
                 if call is not None:
@@ -145,6 +150,45 @@ def _async_tee_class(base: type) -> type:
             _finish_collected(self)
 
     return TeeAsyncStream
+
+
+def _unread_error(call: CapturedCall) -> bool:
+    """An error response closed before its body was read (an SDK about to retry a 500)."""
+    status = call.exchange.status_code
+    return isinstance(status, int) and status >= 400
+
+
+def _drain_sync(inner: Any, call: CapturedCall) -> None:
+    """Read up to DRAIN_LIMIT more bytes of an error body into the record before it is closed; never raises."""
+    left = DRAIN_LIMIT
+    try:
+        for chunk in inner:
+            call.add_chunk(chunk)
+            left -= len(chunk)
+            if left <= 0:
+                break
+    except Exception:  # the body could not be read: the record keeps what it has
+        return
+
+
+async def _drain_async(inner: Any, call: CapturedCall) -> None:
+    """The async twin of `_drain_sync`."""
+    left = DRAIN_LIMIT
+    iterator = inner.__aiter__()
+    try:
+        while left > 0:
+            chunk = await iterator.__anext__()
+            call.add_chunk(chunk)
+            left -= len(chunk)
+    except Exception:  # StopAsyncIteration at the end, or a body that could not be read
+        pass
+    finally:
+        close = getattr(iterator, "aclose", None)
+        if close is not None:
+            try:
+                await close()
+            except Exception:
+                pass
 
 
 def _finish_collected(tee: Any) -> None:
