@@ -27,6 +27,9 @@ _CLOCK_SLACK_S = 0.05  # the model call's completion and the tool call's start c
 
 
 def _arguments(value: Any) -> Any:
+    """The arguments as JSON, or None when unreadable (a string that is not JSON, or history's `{"_raw": ...}`)."""
+    if isinstance(value, dict) and set(value) == {"_raw"}:
+        return None
     if isinstance(value, str):
         try:
             return json.loads(value)
