@@ -104,3 +104,23 @@ def test_a_proxy_started_by_the_agent_under_llmtap_run_spools_into_the_capsule(t
     # The agent's own SDK is hooked (transport "sdk") and the proxy records the same call on the wire (stdio).
     echo = [(r["transport"], r["result"]["content"][0]["text"]) for r in records if r["method"] == "tools/call"]
     assert sorted(echo) == [("sdk", "via proxy"), ("stdio", "via proxy")]
+
+
+def test_the_stdio_proxy_files_records_under_its_rollout_in_a_capture_directory(tmp_path: Path) -> None:
+    proxied = [sys.executable, "-m", "llmtap", "mcp-proxy", "--capture-dir", str(tmp_path / "calls"), "--rollout-id", "task-3",
+               "--", sys.executable, TOOL_SERVER, "stdio"]  # fmt: skip
+    program = (
+        "import asyncio, os, sys\nfrom mcp import Client, StdioServerParameters\n"
+        "async def main():\n"
+        f"    params = StdioServerParameters(command={proxied[0]!r}, args={proxied[1:]!r}, env=dict(os.environ))\n"
+        "    async with Client(params, mode='legacy') as client:\n"
+        "        print((await client.call_tool('echo', {'text': 'filed'})).content[0].text)\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "filed", done.stderr
+    from llmtap.store.tool_calls import read_tool_calls
+
+    records = read_tool_calls(tmp_path / "calls", "task-3").records
+    assert [(r.method, r.name, r.rollout_id) for r in records if r.method == "tools/call"] == [("tools/call", "echo", "task-3")]
+    assert (tmp_path / "calls" / "task-3.capture.lock").exists()

@@ -10,7 +10,10 @@ The wrapper asks the original `send` for a streamed response, puts a tee around 
 byte stream (raw wire bytes, with their arrival times), and then, if the caller did not ask for
 a stream, reads the body exactly as httpx's own `send` would (closing the response if that
 fails). The record is finished when the body is fully read, the response closed, or the stream
-garbage-collected. httpcore below is never hooked, so a call is recorded once.
+garbage-collected. httpcore below is never hooked, so a call is recorded once. An error response
+closed before its body was read (the openai SDK closes a streamed 500 unread and retries) first
+has up to `DRAIN_LIMIT` bytes of its body read into the record. A request that is not a model
+call leaves a network event (`hooks.network`).
 """
 
 from __future__ import annotations

@@ -119,13 +119,16 @@ def _ids_in(path: Any, key: str) -> set[str]:
     return found
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def event_from_call_frame(meta: dict[str, Any], request: bytes, response: bytes, event_id: str) -> dict[str, Any]:
     """The network event of a model call, from its spool frame (`spool.frame.encode_call`'s metadata)."""
-    extra = meta.get("extra") if isinstance(meta.get("extra"), dict) else {}
-    server = extra.get("server") if isinstance(extra.get("server"), dict) else {}
-    capture = extra.get("capture") if isinstance(extra.get("capture"), dict) else {}
-    exception = meta.get("exception") if isinstance(meta.get("exception"), dict) else None
-    chain = exception.get("chain") if exception else None
+    extra = _mapping(meta.get("extra"))
+    server = _mapping(extra.get("server"))
+    capture = _mapping(extra.get("capture"))
+    chain = _mapping(meta.get("exception")).get("chain")
     latency = meta.get("latency_s")
     port = server.get("port")
     return {
