@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from click.testing import CliRunner
+
+from llmtap.cli.runs import runs
 from llmtap.mcp import parse_tool_call_line
 
 from .conftest import TOOL_SERVER
@@ -67,6 +70,11 @@ def _check(done: subprocess.CompletedProcess[str], capsule: Path) -> list[dict[s
     assert manifest["counts"]["tool_calls"] == 5 and manifest["files"]["tool_calls"] == "tool-calls.jsonl"
     proof = json.loads((capsule / "redaction-proof.json").read_text())
     assert "tool-calls.jsonl" in proof["files"]  # redacted at finalisation like every other file
+    shown = CliRunner().invoke(runs, ["show", str(capsule)], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    timeline = shown.output.split("timeline", 1)[1].splitlines()
+    assert "0 model call(s), 5 MCP request(s)" in timeline[0]
+    assert [line.strip().split("  ")[0] for line in timeline[2:6]] == ["-> tool echo", "-> tool fail", "-> tool slow", "-> tool big"]
     return records
 
 
