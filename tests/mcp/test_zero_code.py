@@ -132,3 +132,26 @@ def test_the_stdio_proxy_files_records_under_its_rollout_in_a_capture_directory(
     records = read_tool_calls(tmp_path / "calls", "task-3").records
     assert [(r.method, r.name, r.rollout_id) for r in records if r.method == "tools/call"] == [("tools/call", "echo", "task-3")]
     assert (tmp_path / "calls" / "task-3.capture.lock").exists()
+
+
+def test_a_server_that_crashes_mid_call_leaves_the_call_recorded_as_failed(tmp_path: Path) -> None:
+    script = tmp_path / "agent.py"
+    script.write_text(
+        "import asyncio, os, sys\nfrom mcp import Client, StdioServerParameters\n"
+        "async def main():\n"
+        f"    params = StdioServerParameters(command=sys.executable, args=[{TOOL_SERVER!r}, 'stdio'], env=dict(os.environ))\n"
+        "    try:\n"
+        "        async with Client(params, mode='legacy') as client:\n"
+        "            await client.call_tool('crash', {})\n"
+        "    except BaseException as exc:\n"
+        "        print('raised', type(exc).__name__)\n"
+        "asyncio.run(main())\n"
+    )
+    command = [sys.executable, "-m", "llmtap.cli.run", "--capsule-dir", str(tmp_path / "runs"), "--", sys.executable, str(script)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith("raised"), done.stderr
+    [capsule] = [path for path in (tmp_path / "runs").iterdir() if (path / "capsule.json").exists()]
+    records = [json.loads(line) for line in (capsule / "tool-calls.jsonl").read_bytes().splitlines()]
+    [crashed] = [r for r in records if r["name"] == "crash"]
+    assert crashed["status"] == "failed" and crashed["error"]["category"] in ("jsonrpc_error", "client_error")
+    assert crashed["completed_at"] is not None and crashed["result"] is None
