@@ -45,6 +45,7 @@ _LOSS_EVENTS = (
     "records_pending_at_close",
     "calls_open_at_close",
     "calls_in_flight_at_exit",  # calls a killed process never finished (`spool`'s in-flight counts)
+    "event_write_failed",  # tool-call or network-event lines the collector could not append
 )
 
 
@@ -120,7 +121,8 @@ def _health_document(
     totals = processes["totals"]
     dropped = {event: totals[event] for event in _LOSS_EVENTS if totals.get(event)}
     in_store = sum(rollout["calls"] for rollout in calls.get("rollouts", {}).values())
-    problems = bool(dropped or calls.get("unreadable_lines") or calls.get("incomplete") or tampered or uncaptured)
+    unhooked = unhooked_model_traffic(totals)
+    problems = bool(dropped or calls.get("unreadable_lines") or calls.get("incomplete") or tampered or uncaptured or unhooked)
     return {
         "schema_version": HEALTH_SCHEMA_VERSION,
         "run_id": paths.run_id,
@@ -137,6 +139,7 @@ def _health_document(
             "incomplete_rollouts": calls.get("incomplete", []),
         },
         "dropped": dropped,
+        "unhooked_model_traffic": unhooked,
         "totals": totals,
         "processes": processes["processes"],
         "unreadable_process_files": processes["unreadable_files"],
@@ -144,6 +147,19 @@ def _health_document(
         "uncaptured_processes": uncaptured,
         "source": "counts reported by the workload's own processes",
     }
+
+
+def unhooked_model_traffic(totals: Mapping[str, int]) -> list[dict[str, Any]]:
+    """Connections to model-API hosts no hook recorded (`hooks.socket_watch` counts), most first."""
+    prefix = "unhooked_connections:"
+    found = []
+    for key, count in totals.items():
+        if not key.startswith(prefix):
+            continue
+        host, _, rest = key[len(prefix) :].partition(":")
+        port, _, module = rest.partition(":")
+        found.append({"host": host, "port": int(port) if port.isdigit() else None, "module": module or None, "connections": count})
+    return sorted(found, key=lambda entry: (-entry["connections"], entry["host"], str(entry["module"])))
 
 
 def _read_interpreter(paths: CapsulePaths) -> dict[str, Any] | None:
@@ -224,7 +240,11 @@ def finalise_capsule(
             },
             "usage": _usage(metrics),
             "rollouts": calls.get("rollouts", {}),
-            "capture_health": {"ok": health["ok"], "file": paths.capture_health.name},
+            "capture_health": {
+                "ok": health["ok"],
+                "file": paths.capture_health.name,
+                **({"unhooked_model_traffic": health["unhooked_model_traffic"]} if health["unhooked_model_traffic"] else {}),
+            },
             "files": {
                 "calls": "calls",
                 "model_calls": paths.model_calls.name,
@@ -235,6 +255,11 @@ def finalise_capsule(
             },
         }
     )
+    for key, path in (("tool_calls", paths.tool_calls), ("network_events", paths.network_events)):
+        lines = _count_lines(path)
+        if lines is not None:
+            manifest["files"][key] = path.name
+            manifest["counts"][key] = lines
     content = _redact(paths, manifest, tampered, lambda: _health_document(paths, calls, tampered, uncaptured_list))
     written = [paths.model_calls, paths.capture_health, paths.env_lock, paths.root / PROOF_NAME, paths.stdout, paths.stderr]
     write_manifest_last(paths, content, after=written)
@@ -277,6 +302,14 @@ def _redact(
     manifest["files"].pop("redaction_proof", None)
     manifest["redaction_error"] = error
     return redact_file_bytes(manifest_bytes(manifest), "json", ProofBuilder(), "capsule.json")
+
+
+def _count_lines(path: Any) -> int | None:
+    """How many lines an event stream file holds; None when there is none (or it is not a plain file)."""
+    try:
+        return read_regular_file(path).count(b"\n")
+    except OSError:
+        return None
 
 
 def _error_text(exc: BaseException) -> str:

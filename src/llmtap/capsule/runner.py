@@ -437,6 +437,11 @@ def run_captured(
     tampered = final.get("capture_tampered")
     if tampered:
         sys.stderr.write(_integrity_line(tampered) + "\n")
+    for entry in (final.get("capture_health") or {}).get("unhooked_model_traffic") or []:
+        sys.stderr.write(
+            f"llmtap: {entry.get('connections')} connection(s) to {entry.get('host')}:{entry.get('port')} by an unhooked "
+            f"client in module {entry.get('module')}: those model calls are not recorded (see capture-health.json).\n"
+        )
     assert outcome.exit_code is not None
     return RunResult(outcome.exit_code, outcome.status, paths.root, final)
 

@@ -4,6 +4,8 @@
       capsule.json            manifest (status "running" until finalised)
       calls/                  <rollout_id>.capture.jsonl, written through CaptureStore
       model-calls.jsonl       one OpenTelemetry GenAI record per call (at finalisation)
+      tool-calls.jsonl        one `ToolCallRecord` per MCP request (the spool collector appends)
+      network_events.jsonl    one event per HTTP request the workload made (method, host, sizes)
       env.lock                the workload's interpreter, packages, safe environment
       outputs/stdout.txt      the workload's output (llmtap run)
       outputs/stderr.txt
@@ -84,6 +86,14 @@ class CapsulePaths:
         return self.root / "model-calls.jsonl"
 
     @property
+    def tool_calls(self) -> Path:
+        return self.root / "tool-calls.jsonl"
+
+    @property
+    def network_events(self) -> Path:
+        return self.root / "network_events.jsonl"
+
+    @property
     def env_lock(self) -> Path:
         return self.root / "env.lock"
 
@@ -136,6 +146,8 @@ class CapsulePaths:
         return [
             self.manifest,
             self.model_calls,
+            self.tool_calls,
+            self.network_events,
             self.env_lock,
             self.stdout,
             self.stderr,

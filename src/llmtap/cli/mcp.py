@@ -24,6 +24,17 @@ RECORD_ENV = "LLMTAP_TOOL_CALLS_FILE"
     type=click.Path(dir_okay=False, path_type=Path),
     help=f"Append tool-call records (JSONL) to FILE (default: ${RECORD_ENV}; unset: only counted).",
 )
+@click.option(
+    "--capsule",
+    "capsule_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Spool records into this `llmtap run` capsule's tool-calls.jsonl (default under `llmtap run`: its capsule).",
+)
+@click.option(
+    "--capture-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Store records beside each rollout's model calls in this capture directory (<rollout_id>.tool-calls.jsonl).",
+)
 @click.option("--upstream", help="URL of a streamable-HTTP MCP server endpoint, e.g. http://127.0.0.1:8000/mcp.")
 @click.option(
     "--port",
@@ -48,6 +59,8 @@ RECORD_ENV = "LLMTAP_TOOL_CALLS_FILE"
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def mcp_proxy(
     record_path: Path | None,
+    capsule_dir: Path | None,
+    capture_dir: Path | None,
     upstream: str | None,
     port: int,
     rollout_id: str | None,
@@ -62,9 +75,11 @@ def mcp_proxy(
     the client at http://127.0.0.1:8790/mcp (or /ng-rollout/<id>/mcp to set the rollout id).
     """
     from ..errors import LlmtapError
+    from ..mcp.capsule_sink import CapsuleToolCallSink, capsule_root_from_environment
     from ..mcp.recorder import Recorder
-    from ..mcp.records import JsonlToolCallSink
+    from ..mcp.records import FanOutToolCallSink, JsonlToolCallSink, ToolCallSink
     from ..store import validate_rollout_id
+    from ..store.tool_calls import RolloutToolCallSink
 
     if command and upstream:
         raise click.UsageError("Give a server command after '--' (stdio) or --upstream URL (HTTP), not both.")
@@ -77,16 +92,29 @@ def mcp_proxy(
             raise click.BadParameter(str(exc), param_hint="--rollout-id") from None
     env_path = os.environ.get(RECORD_ENV) or None
     path = record_path if record_path is not None else (Path(env_path) if env_path else None)
-    sink = None
-    if path is not None:
-        sink = JsonlToolCallSink(path)
-        try:
-            sink.open()
-        except LlmtapError as exc:
-            raise click.ClickException(str(exc)) from None
-    recorder = Recorder(sink)
-    if sink is None:
-        recorder.notice("no_file", f"no --record file and ${RECORD_ENV} is unset: tool calls are counted, not kept")
+    capsule = capsule_dir if capsule_dir is not None else capsule_root_from_environment()
+    sinks: list[ToolCallSink] = []
+    try:
+        if path is not None:
+            file_sink = JsonlToolCallSink(path)
+            file_sink.open()
+            sinks.append(file_sink)
+        if capsule is not None:
+            capsule_sink = CapsuleToolCallSink(capsule)
+            capsule_sink.open()
+            sinks.append(capsule_sink)
+        if capture_dir is not None:
+            rollout_sink = RolloutToolCallSink(capture_dir)
+            rollout_sink.open()
+            sinks.append(rollout_sink)
+    except LlmtapError as exc:
+        raise click.ClickException(str(exc)) from None
+    recorder = Recorder(sinks[0] if len(sinks) == 1 else FanOutToolCallSink(sinks) if sinks else None)
+    if not sinks:
+        recorder.notice(
+            "no_file",
+            f"no --record, --capsule or --capture-dir and ${RECORD_ENV} is unset: tool calls are counted, not kept",
+        )
     limits = {} if max_message_bytes is None else {"max_message_bytes": max_message_bytes}
     if command:
         code = _run_stdio(list(command), recorder, rollout_id, limits)

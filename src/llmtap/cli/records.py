@@ -133,6 +133,28 @@ def show(capture_dir: Path, rollout_id: str, as_json: bool, payloads: bool, wide
         console.print("[yellow]A capture write failed for this rollout (.capture.incomplete marker present).[/]")
     if calls.late_writes:
         console.print(f"[yellow]{calls.late_writes} late write(s) from a cleared attempt were set aside.[/]")
+    _print_tool_calls(capture_dir, rollout_id, calls.records)
+
+
+def _print_tool_calls(capture_dir: Path, rollout_id: str, model_calls: list[Any]) -> None:
+    """The rollout's MCP tool calls (`<rollout_id>.tool-calls.jsonl`), between the model calls that asked for them."""
+    from ..mcp.timeline import interleave, tool_call_line
+    from ..store.tool_calls import read_tool_calls
+
+    try:
+        read = read_tool_calls(capture_dir, rollout_id)
+    except LlmtapError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not read.records:
+        return
+    click.echo(f"timeline: {len(model_calls)} model call(s), {len(read.records)} MCP request(s)")
+    for kind, item in interleave(model_calls, [call.started_at for call in model_calls], read.records):
+        if kind == "model":
+            click.echo(f"  model call {item.call_index}  {item.model or '?'}  status {item.status_code}")
+        else:
+            click.echo(tool_call_line(item))
+    if read.unreadable_lines:
+        click.echo(f"{read.unreadable_lines} damaged tool-call line(s) skipped")
 
 
 def _hosted_calls_table(records: Any) -> Table | None:

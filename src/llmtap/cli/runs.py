@@ -125,8 +125,11 @@ def show_run(run_ref: str, capsule_dir: Path | None, as_json: bool, calls: bool,
     except LlmtapError as exc:
         raise click.ClickException(str(exc)) from None
     model_calls = _model_calls(capsule) if calls else []
+    tool_calls = _tool_calls(capsule) if calls else []
     if as_json:
-        click.echo(json.dumps({"capsule": str(capsule), "manifest": manifest, "model_calls": model_calls}, indent=2))
+        listed = {"capsule": str(capsule), "manifest": manifest, "model_calls": model_calls}
+        listed["tool_calls"] = [record.to_dict() for record in tool_calls]
+        click.echo(json.dumps(listed, indent=2))
         return
     counts = manifest.get("counts") or {}
     usage = manifest.get("usage") or {}
@@ -153,6 +156,39 @@ def show_run(run_ref: str, capsule_dir: Path | None, as_json: bool, calls: bool,
 
         console = Console()
         print_table(console, model_calls_table(model_calls, width=console.width, wide=wide), wide=wide)
+    if tool_calls:
+        _print_timeline(model_calls, tool_calls)
+
+
+def _tool_calls(capsule: Path) -> list[Any]:
+    """The capsule's MCP tool-call records (tool-calls.jsonl); unreadable lines are skipped."""
+    from ..capsule.writer import read_regular_file
+    from ..mcp.records import ToolCallRecordError, parse_tool_call_line
+
+    try:
+        data = read_regular_file(capsule / "tool-calls.jsonl")
+    except OSError:
+        return []
+    found = []
+    for line in data.splitlines():
+        try:
+            found.append(parse_tool_call_line(line))
+        except ToolCallRecordError:
+            continue
+    return found
+
+
+def _print_timeline(model_calls: list[dict[str, Any]], tool_calls: list[Any]) -> None:
+    """Model calls and the tool calls between them, in order of start."""
+    from ..mcp.timeline import interleave, tool_call_line
+
+    click.echo(f"timeline    {len(model_calls)} model call(s), {len(tool_calls)} MCP request(s)")
+    numbers = {id(call): position for position, call in enumerate(model_calls)}
+    for kind, item in interleave(model_calls, [call.get("start_time") for call in model_calls], tool_calls):
+        if kind == "model":
+            click.echo(f"  model call {numbers[id(item)]}  {item.get('name')}  {item.get('start_time')}")
+        else:
+            click.echo(tool_call_line(item))
 
 
 def _model_calls(capsule: Path) -> list[dict[str, Any]]:

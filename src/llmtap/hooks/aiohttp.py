@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from .base import Hook, Patch, claim_call, inside_hooked_call, release_call
+from .network import NetworkTimer, network_timer, timed_async
 from .session import CapturedCall, active_session, open_call
 
 __all__ = ["AiohttpHook"]
@@ -44,6 +45,17 @@ def _request_body(session: Any, kwargs: dict[str, Any]) -> bytes | None:
     if isinstance(data, str):
         return data.encode("utf-8")
     return None  # form data, a payload object or a stream: not serialized twice
+
+
+def _timer(method: str, str_or_url: Any) -> NetworkTimer | None:
+    """Time a request that is not a model call, for its network event (its body size is not known here)."""
+    try:
+        from yarl import URL
+
+        url = URL(str_or_url)
+        return network_timer("aiohttp", method, url.scheme, url.host, url.port, url.path, None)
+    except Exception:
+        return None
 
 
 def _open(session: Any, method: str, str_or_url: Any, kwargs: dict[str, Any]) -> CapturedCall | None:
@@ -121,7 +133,7 @@ def _request(original: Callable[..., Any]) -> Callable[..., Any]:
             except Exception:  # a URL aiohttp itself will reject: let it say so
                 call = None
             if call is None:
-                return await original(self, method, str_or_url, **kwargs)
+                return await timed_async(_timer(method, str_or_url), original, self, method, str_or_url, **kwargs)
             try:
                 response = await original(self, method, str_or_url, **kwargs)
             except BaseException as exc:

@@ -10,7 +10,10 @@ The wrapper asks the original `send` for a streamed response, puts a tee around 
 byte stream (raw wire bytes, with their arrival times), and then, if the caller did not ask for
 a stream, reads the body exactly as httpx's own `send` would (closing the response if that
 fails). The record is finished when the body is fully read, the response closed, or the stream
-garbage-collected. httpcore below is never hooked, so a call is recorded once.
+garbage-collected. httpcore below is never hooked, so a call is recorded once. An error response
+closed before its body was read (the openai SDK closes a streamed 500 unread and retries) first
+has up to `DRAIN_LIMIT` bytes of its body read into the record. A request that is not a model
+call leaves a network event (`hooks.network`).
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from types import ModuleType
 from typing import Any
 
 from .base import Hook, Patch, claim_call, inside_hooked_call, release_call
+from .network import NetworkTimer, network_timer, timed, timed_async
 from .session import CapturedCall, active_session, open_call
 
 __all__ = ["Httpx2Hook", "HttpxHook"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+DRAIN_LIMIT = 64 * 1024  # bytes of an unread error body read at close, so its record keeps it
 
 
 def _open(hook: str, request: Any) -> CapturedCall | None:
@@ -38,6 +43,17 @@ def _open(hook: str, request: Any) -> CapturedCall | None:
         port = url.port or _DEFAULT_PORTS.get(url.scheme)
         return open_call(hook, request.method, url.host, port, url.path, request.headers.raw, body)
     except Exception:  # an unusual request object: not captured, and httpx decides what happens
+        return None
+
+
+def _timer(hook: str, request: Any) -> NetworkTimer | None:
+    """Time a request that is not a model call, for its network event."""
+    try:
+        url = request.url
+        length = request.headers.get("content-length")
+        size = int(length) if length is not None and length.isdigit() else None
+        return network_timer(hook, request.method, url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme), url.path, size)
+    except Exception:
         return None
 
 
@@ -79,6 +95,8 @@ def _sync_tee_class(base: type) -> type:
         def close(self) -> None:
             call, self._call = self._call, None
             try:
+                if call is not None and _unread_error(call):
+                    _drain_sync(self._inner, call)
                 self._inner.close()
             finally:
                 if call is not None:
@@ -124,6 +142,8 @@ def _async_tee_class(base: type) -> type:
         async def aclose(self) -> None:
             call, self._call = self._call, None
             try:
+                if call is not None and _unread_error(call):
+                    await _drain_async(self._inner, call)
                 await self._inner.aclose()
             finally:
                 if call is not None:
@@ -133,6 +153,45 @@ def _async_tee_class(base: type) -> type:
             _finish_collected(self)
 
     return TeeAsyncStream
+
+
+def _unread_error(call: CapturedCall) -> bool:
+    """An error response closed before its body was read (an SDK about to retry a 500)."""
+    status = call.exchange.status_code
+    return isinstance(status, int) and status >= 400
+
+
+def _drain_sync(inner: Any, call: CapturedCall) -> None:
+    """Read up to DRAIN_LIMIT more bytes of an error body into the record before it is closed; never raises."""
+    left = DRAIN_LIMIT
+    try:
+        for chunk in inner:
+            call.add_chunk(chunk)
+            left -= len(chunk)
+            if left <= 0:
+                break
+    except Exception:  # the body could not be read: the record keeps what it has
+        return
+
+
+async def _drain_async(inner: Any, call: CapturedCall) -> None:
+    """The async twin of `_drain_sync`."""
+    left = DRAIN_LIMIT
+    iterator = inner.__aiter__()
+    try:
+        while left > 0:
+            chunk = await iterator.__anext__()
+            call.add_chunk(chunk)
+            left -= len(chunk)
+    except Exception:  # StopAsyncIteration at the end, or a body that could not be read
+        pass
+    finally:
+        close = getattr(iterator, "aclose", None)
+        if close is not None:
+            try:
+                await close()
+            except Exception:
+                pass
 
 
 def _finish_collected(tee: Any) -> None:
@@ -178,7 +237,7 @@ def _sync_send(hook: str, tee: type, original: Callable[..., Any]) -> Callable[.
         try:
             call = _open(hook, request)
             if call is None:
-                return original(self, request, *args, **kwargs)
+                return timed(_timer(hook, request), original, self, request, *args, **kwargs)
             wants_stream = kwargs.get("stream", False)
             kwargs["stream"] = True
             try:
@@ -209,7 +268,7 @@ def _async_send(hook: str, tee: type, original: Callable[..., Any]) -> Callable[
         try:
             call = _open(hook, request)
             if call is None:
-                return await original(self, request, *args, **kwargs)
+                return await timed_async(_timer(hook, request), original, self, request, *args, **kwargs)
             wants_stream = kwargs.get("stream", False)
             kwargs["stream"] = True
             try:

@@ -26,6 +26,9 @@ HOOKED_LIBRARIES: dict[str, tuple[str, str]] = {
     "requests": ("llmtap.hooks.requests", "RequestsHook"),
     "urllib3": ("llmtap.hooks.urllib3", "Urllib3Hook"),
     "aiohttp": ("llmtap.hooks.aiohttp", "AiohttpHook"),
+    "mcp.client.session": ("llmtap.hooks.mcp", "McpClientHook"),  # MCP tool calls, not HTTP (hooks.mcp)
+    "http.client": ("llmtap.hooks.http_client", "HttpClientHook"),
+    "socket": ("llmtap.hooks.socket_watch", "SocketWatchHook"),  # model traffic no hook records
 }
 
 _lock = threading.RLock()

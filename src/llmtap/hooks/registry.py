@@ -38,7 +38,7 @@ __all__ = [
 REGISTRY_ENV = "LLMTAP_URL_REGISTRY"
 SCHEMA_VERSION = 1
 _CACHE_LIMIT = 4096
-_PROVIDER_KEYS = frozenset({"provider", "hosts", "hosts_from_env", "endpoints", "notes"})
+_PROVIDER_KEYS = frozenset({"provider", "hosts", "hosts_from_env", "endpoints", "notes", "watch_connections"})
 _ENDPOINT_KEYS = frozenset({"path", "operation", "dialect"})
 
 
@@ -84,6 +84,7 @@ class _Provider(NamedTuple):
     hosts: tuple[_HostPattern, ...]
     env_vars: tuple[str, ...]
     endpoints: tuple[_Endpoint, ...]
+    watch: bool = True  # `watch_connections`: a connection no hook records is reported (hooks.socket_watch)
 
 
 def vendored_registry_path() -> Path:
@@ -214,6 +215,14 @@ class UrlRegistry:
         self._cache[key] = found
         return found
 
+    def provider_for_host(self, host: str, port: int | None) -> str | None:
+        """The watched provider whose hosts include `host:port`, whatever the path (for watching connections), or None."""
+        host = _normalize_host(host)
+        for provider in self._providers:
+            if provider.watch and self._host_matches(provider, host, port):
+                return provider.name
+        return None
+
     def _match_uncached(self, host: str, port: int | None, path: str) -> EndpointMatch | None:
         for provider in self._providers:
             if not self._host_matches(provider, host, port):
@@ -272,7 +281,10 @@ def _parse_provider(entry: Any, where: str) -> _Provider:
     if not isinstance(endpoints_data, list) or not endpoints_data:
         raise ValueError(f"{where}.endpoints must be a non-empty list")
     endpoints = [_parse_endpoint(name, item, f"{where}.endpoints[{i}]") for i, item in enumerate(endpoints_data)]
-    return _Provider(name, tuple(hosts), tuple(env_vars), tuple(endpoints))
+    watch = entry.get("watch_connections", True)
+    if not isinstance(watch, bool):
+        raise ValueError(f"{where}.watch_connections must be true or false")
+    return _Provider(name, tuple(hosts), tuple(env_vars), tuple(endpoints), watch)
 
 
 def _parse_endpoint(provider: str, entry: Any, where: str) -> _Endpoint:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from .base import Hook, Patch, claim_call, inside_hooked_call, release_call
+from .network import NetworkTimer, network_timer, timed
 from .session import CapturedCall, active_session, open_call
 from .urllib3 import tee_urllib3_response
 
@@ -87,6 +88,18 @@ def _finish_untouched(call: CapturedCall, response: Any) -> None:
         call.finish("eof")
 
 
+def _timer(request: Any) -> NetworkTimer | None:
+    """Time a request that is not a model call, for its network event."""
+    try:
+        parts = urlsplit(request.url)
+        length = request.headers.get("Content-Length")
+        size = int(length) if isinstance(length, str) and length.isdigit() else None
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+        return network_timer("requests", request.method or "GET", parts.scheme, parts.hostname, port, parts.path, size)
+    except Exception:
+        return None
+
+
 def _send(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def send(self: Any, request: Any, **kwargs: Any) -> Any:
@@ -96,7 +109,7 @@ def _send(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             call = _open(request)
             if call is None:
-                return original(self, request, **kwargs)
+                return timed(_timer(request), original, self, request, **kwargs)
             current = _CURRENT_CALL.set(call)
             try:
                 response = original(self, request, **kwargs)

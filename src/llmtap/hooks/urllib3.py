@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
 from .base import Hook, Patch, claim_call, inside_hooked_call, release_call
+from .network import NetworkTimer, network_timer, timed
 from .session import CapturedCall, active_session, open_call
 
 __all__ = ["Urllib3Hook", "tee_urllib3_response"]
@@ -160,7 +161,8 @@ def _urlopen(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             call = _open(self, method, url, body, headers)
             if call is None:
-                return original(self, method, url, body, headers, *args, **kwargs)
+                timer = _timer(self, method, url, body)
+                return timed(timer, original, self, method, url, body, headers, *args, **kwargs)
             try:
                 response = original(self, method, url, body, headers, *args, **kwargs)
             except BaseException as exc:
@@ -172,6 +174,18 @@ def _urlopen(original: Callable[..., Any]) -> Callable[..., Any]:
             release_call(token)
 
     return urlopen
+
+
+def _timer(pool: Any, method: str, url: str, body: Any) -> NetworkTimer | None:
+    """Time a request that is not a model call, for its network event."""
+    try:
+        scheme = getattr(pool, "scheme", "http")
+        port = getattr(pool, "port", None) or _DEFAULT_PORTS.get(scheme)
+        path = urlsplit(url).path if "://" in url else url.split("?", 1)[0]
+        size = len(body) if isinstance(body, (bytes, bytearray, str)) else 0 if body is None else None
+        return network_timer("urllib3", method, scheme, getattr(pool, "host", None), port, path or "/", size)
+    except Exception:
+        return None
 
 
 def _open(pool: Any, method: str, url: str, body: Any, headers: Any) -> CapturedCall | None:

@@ -45,6 +45,7 @@ __all__ = [
     "RECORD_KIND",
     "SCHEMA_VERSION",
     "CountingToolCallSink",
+    "FanOutToolCallSink",
     "JsonlToolCallSink",
     "ToolCallRecord",
     "ToolCallRecordError",
@@ -257,6 +258,27 @@ class CountingToolCallSink:
 
     def close(self) -> None:
         return None
+
+
+class FanOutToolCallSink:
+    """A sink that writes every batch to several sinks in turn (a file and a capsule, say); the first failure raises."""
+
+    def __init__(self, sinks: Sequence[ToolCallSink]) -> None:
+        self.sinks = list(sinks)
+
+    def write(self, records: Sequence[ToolCallRecord]) -> None:
+        failure: BaseException | None = None
+        for sink in self.sinks:
+            try:
+                sink.write(records)
+            except Exception as exc:  # the others still get the batch
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
 
 
 class JsonlToolCallSink:

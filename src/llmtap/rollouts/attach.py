@@ -197,6 +197,7 @@ def attach_rollout(
             projected = project_trajectory(
                 row,
                 records,
+                tool_call_records=_wire_tool_calls(store, rollout_id, gaps),
                 rollout_id=rollout_id,
                 observations=observations,
                 capture_gaps=trajectory_gaps,
@@ -226,6 +227,22 @@ def attach_rollout(
     attachment["attribution"] = attribution.to_dict()
     result[CAPTURE_KEY] = attachment
     return result
+
+
+def _wire_tool_calls(store: CaptureStore, rollout_id: str | None, gaps: list[dict[str, Any]]) -> list[Any]:
+    """The rollout's MCP tool calls recorded beside its model calls (`store.tool_calls`); none when unreadable."""
+    if rollout_id is None:
+        return []
+    from llmtap.store.tool_calls import read_tool_calls
+
+    try:
+        read = read_tool_calls(store.root, rollout_id)
+    except (StoreError, OSError, ValueError) as exc:
+        gaps.append(_gap("tool_call_capture_unreadable", type(exc).__name__))
+        return []
+    if read.unreadable_lines:
+        gaps.append(_gap("tool_call_lines_unreadable", f"count={read.unreadable_lines}"))
+    return read.records
 
 
 def _optional_str(value: Any) -> str | None:

@@ -12,7 +12,8 @@ its joined `ng_agent_observations`. The record holds:
 - `turns` (a new turn starts when a thread's new input carries a user message and no tool result),
   with question, answer, reasoning, status and cumulative `step_count`;
 - `tool_calls`: every tool call the model made, with its model-visible output, and the status and
-  timing the agent observed (`timing_source`), when it did;
+  timing the agent observed (`timing_source`), when it did, else those of the MCP call recorded
+  on the wire (`timing_source: "mcp_wire"`, `tool_execution`: `rollouts.wire_tools`);
 - `invocations`, `compactions` and `sandboxes` as the agent reported them (joined), `resolution`,
   `step_count` (model calls) and `gaps`.
 
@@ -42,6 +43,7 @@ from llmtap.records import ModelCallRecord
 
 from .observations import AgentObservations, ToolCallObservation, model_call_owners
 from .trajectory_merge import untimed_tool_calls
+from .wire_tools import fill_from_wire
 
 __all__ = [
     "RESOLVED_KEYS",
@@ -128,8 +130,12 @@ def project_trajectory(
     capture_gaps: Iterable[Mapping[str, Any]] = (),
     terminal_model_call_id: str | None = None,
     options: TrajectoryOptions = TrajectoryOptions(),
+    tool_call_records: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """Return the `ng_trajectory` record of one rollout.
+
+    `tool_call_records` are the rollout's MCP `ToolCallRecord`s recorded on the wire: they fill
+    the status and timing of tool attempts the agent did not report (`rollouts.wire_tools`).
 
     `capture_gaps` are the capture attachment's gaps, copied in so the record is self-describing
     (each keeps its `source`, `model_call_capture` when it names none).
@@ -161,7 +167,7 @@ def project_trajectory(
     turns = _turns(calls, task_id, rollout_id)
     resolution = _resolution(row, options)
     _mark_resolved(turns, threads, terminal_model_call_id, resolution["resolved"])
-    tool_calls = _tool_calls(calls, observations, gaps)
+    tool_calls = _tool_calls(calls, observations, gaps, tool_call_records)
     if not records:
         gaps.append(_gap("model_calls_unavailable", "trajectory"))
     if not turns:
@@ -381,7 +387,10 @@ def _mark_resolved(
 
 
 def _tool_calls(
-    calls: list[_Call], observations: AgentObservations | None, gaps: list[dict[str, Any]]
+    calls: list[_Call],
+    observations: AgentObservations | None,
+    gaps: list[dict[str, Any]],
+    wire_records: Sequence[Any] = (),
 ) -> list[dict[str, Any]]:
     """Tool calls the model made, with the output it was shown and the execution the agent observed."""
     observed: dict[tuple[str, str], ToolCallObservation] = {}
@@ -423,6 +432,8 @@ def _tool_calls(
     for observation in observations.tool_calls if observations is not None else []:
         if id(observation) not in used:
             entries.append(_tool_entry(None, None, observation, results.get(observation.tool_call_id), False))
+    if wire_records:  # MCP calls recorded on the wire fill what the agent did not report
+        fill_from_wire(entries, wire_records, {call.record.model_call_id: call.record.completed_at for call in calls})
     # A client-run tool call without any timing, observed or not: the same count a merge recomputes.
     untimed = untimed_tool_calls(entries)
     if untimed:

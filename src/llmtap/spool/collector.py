@@ -16,7 +16,8 @@ import stat
 import sys
 import time
 
-from .frame import KIND_CALL, KIND_HEALTH, KIND_PROCESS, Frame, ScanResult, decode_call, scan_frames
+from .events import STREAMS, EventStreams, event_from_call_frame
+from .frame import KIND_CALL, KIND_HEALTH, KIND_NETWORK, KIND_PROCESS, Frame, ScanResult, decode_call, scan_frames
 from .writer import IN_FLIGHT_FORMAT, IN_FLIGHT_SUFFIX, SPOOL_SUFFIX, spool_directory
 
 # Only what the recorder needs at once: the rest is imported where it is used (finalisation
@@ -106,6 +107,7 @@ class SpoolCollector:
         self._finished = False
         self._store: Any = None
         self._recorded: set[tuple[str, int]] | None = None  # (spool file, call number) already in calls/
+        self._events = EventStreams(paths)  # tool-calls.jsonl and network_events.jsonl
 
     def start(self) -> SpoolCollector:
         """Collect live on a daemon thread until `finish`, which finalisation calls; never raises
@@ -169,6 +171,7 @@ class SpoolCollector:
                     # Nothing was collected live in this process: a recovery, or a finalisation
                     # killed halfway, may find some of these frames' records in calls/ already.
                     self._recorded = _recorded_calls(self.paths)
+                    self._events.dedup_against_disk()
                 self._collect(final=True)
                 self._close()
         with _LIVE_LOCK:
@@ -198,6 +201,14 @@ class SpoolCollector:
                         spool.health.count("calls_captured")
                         spool.failure("record_write_failed")
                 self._append(pending)
+                self._append_events(spool)
+
+    def _append_events(self, spool: _SpoolFile) -> None:
+        """Append the event lines this spool file's pass queued (they are all its own)."""
+        try:
+            self._events.flush()
+        except Exception as exc:  # the events of this pass are lost: counted, never raised
+            spool.failure("event_write_failed", exc)
 
     def _open_new_files(self) -> None:
         from ..capsule.writer import is_real_directory
@@ -235,8 +246,14 @@ class SpoolCollector:
                     capture = exchange.extra["capture"] = {}
                 capture["spool"] = {"file": spool.path.name, "call": number}  # what a later finalisation dedups by
                 pending.append((spool, exchange.rollout_id or "default", _build_line(exchange, dialect)))
+                event = event_from_call_frame(frame.meta, frame.request, frame.response, f"ne_{spool.path.stem}_call{number}")
+                self._events.add(KIND_NETWORK, event)  # a model call is a network request too
             except Exception as exc:
                 spool.failure("record_build_failed", exc)
+        elif frame.kind in STREAMS:
+            if not self._events.add(frame.kind, frame.meta):
+                spool.health.count("spool_frames_damaged")
+                spool.troubled = True
         elif frame.kind == KIND_HEALTH:
             counts = frame.meta.get("counts")
             for event, amount in counts.items() if isinstance(counts, dict) else ():

@@ -12,7 +12,9 @@ Frame (little-endian):
     header   32 bytes  magic "LTSP", version, kind, 2 reserved, meta length (u32),
                        request length (u64), response length (u64), CRC-32 of these 28 bytes
     meta     JSON      kind 1 (call): what `Exchange` needs; 2 (health): count deltas;
-                       3 (process): pid and argv[0]
+                       3 (process): pid and argv[0]; 4 (tool call): one finished
+                       `ToolCallRecord` as its line's object; 5 (network): one HTTP
+                       request's network event (`hooks.network`)
     request  bytes
     response bytes
     trailer  4 bytes   CRC-32 of meta, request and response
@@ -38,7 +40,9 @@ __all__ = [
     "HEADER_SIZE",
     "KIND_CALL",
     "KIND_HEALTH",
+    "KIND_NETWORK",
     "KIND_PROCESS",
+    "KIND_TOOL_CALL",
     "TRAILER_SIZE",
     "Frame",
     "ScanResult",
@@ -53,6 +57,7 @@ __all__ = [
 MAGIC = b"LTSP"
 FRAME_VERSION = 1
 KIND_CALL, KIND_HEALTH, KIND_PROCESS = 1, 2, 3
+KIND_TOOL_CALL, KIND_NETWORK = 4, 5  # events beside the calls: each frame's meta is the line to append
 _HEADER = struct.Struct("<4sBBHIQQ")
 _CRC = struct.Struct("<I")
 HEADER_SIZE = _HEADER.size + _CRC.size

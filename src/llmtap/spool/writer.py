@@ -173,6 +173,15 @@ class SpoolSink:
         except Exception:  # the counts stay in memory; nothing else to do without raising
             pass
 
+    def put_event(self, kind: int, event: Mapping[str, Any]) -> bool:
+        """Append one event frame (a tool call, a network event): the line the recorder appends
+        to the capsule's stream. False (counted by the caller) when it could not be written."""
+        try:
+            self.writer.write(encode_frame(kind, encode_meta(event)))
+        except Exception:
+            return False
+        return True
+
     def flush(self, timeout: float) -> int:
         return 0  # each call's frame is written before it returns: nothing is pending
 

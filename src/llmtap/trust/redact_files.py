@@ -24,6 +24,7 @@ from llmtap.store import CaptureStore
 from llmtap.store.durable import replace_atomically
 from llmtap.store.layout import DATA_SUFFIX, LATE_SUFFIX
 from llmtap.store.rollout_files import DESCRIPTORS
+from llmtap.store.tool_calls import TOOL_CALLS_SUFFIX
 
 from .proof import PROOF_NAME, ProofBuilder
 from .redaction import RedactionError, redact_json_text, redact_record_line, redact_text
@@ -41,7 +42,7 @@ MAX_FILE_BYTES = 4 << 30  # a larger file is refused rather than read into memor
 
 MANIFEST_NAME = "capsule.json"
 _JSON_DOCUMENTS = (MANIFEST_NAME, "env.lock", "capture-health.json", "url_registry.json")
-CAPSULE_FILES = ("model-calls.jsonl", "tool-calls.jsonl", "outputs/stdout.txt", "outputs/stderr.txt", *_JSON_DOCUMENTS)
+CAPSULE_FILES = ("model-calls.jsonl", "tool-calls.jsonl", "network_events.jsonl", "outputs/stdout.txt", "outputs/stderr.txt", *_JSON_DOCUMENTS)
 
 
 class RedactionSummary(dict[str, Any]):
@@ -144,7 +145,7 @@ def _kind(name: str) -> str:
 def _rollout_files(store: CaptureStore) -> list[tuple[str, Path]]:
     found = []
     for rollout_id in store.rollouts():
-        for suffix in (DATA_SUFFIX, LATE_SUFFIX):
+        for suffix in (DATA_SUFFIX, LATE_SUFFIX, TOOL_CALLS_SUFFIX):
             path = store.root / f"{rollout_id}{suffix}"
             if os.path.lexists(path):
                 found.append((rollout_id, path))
@@ -249,7 +250,8 @@ def redact_capsule(
 ) -> RedactionSummary:
     """Redact every file of a run capsule and write its `redaction-proof.json`.
 
-    Covers calls/*.capture.jsonl (under the store's lock), model-calls.jsonl, tool-calls.jsonl,
+    Covers calls/*.capture.jsonl and *.tool-calls.jsonl (under the store's lock), model-calls.jsonl,
+    tool-calls.jsonl, network_events.jsonl,
     outputs/stdout.txt and stderr.txt, env.lock, capsule.json, capture-health.json and
     url_registry.json; missing ones are skipped. Refuses (RedactionError, nothing changed) links,
     special files and hard-linked files.

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
     from types import ModuleType
 
-_WATCHED = frozenset({"httpx", "httpx2", "requests", "urllib3", "aiohttp"})
+# socket too: a client that speaks HTTP over it itself must still be noticed (hooks.socket_watch)
+_WATCHED = frozenset({"httpx", "httpx2", "requests", "urllib3", "aiohttp", "mcp", "http.client", "socket"})
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
