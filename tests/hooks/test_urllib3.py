@@ -1,0 +1,101 @@
+"""urllib3: PoolManager requests, preloaded and streamed, through the shared suite; its own cases."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+import urllib3
+
+from llmtap.hooks.session import CaptureSession
+from tests.fixtures import fixture
+from tests.hooks.conftest import recorded_lines
+from tests.hooks.suite import HookSuite, Reply, StreamedHookSuite
+
+JSON_FIXTURE = fixture("messages/text-basic-sonnet4")
+STREAM_FIXTURE = fixture("messages/text-stream-sonnet45")
+
+
+def _json_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {**headers, "content-type": "application/json"}
+
+
+# --- the shared suite, one class per call style ------------------------------------------------
+
+
+class TestUrllib3PoolManager(HookSuite):
+    """`PoolManager.request`, the body preloaded before it returns (urllib3's default)."""
+
+    library = "urllib3"
+    connection_error = "exceptions.MaxRetryError"  # urllib3 retries a refused connection, then gives up with this
+    recording = JSON_FIXTURE.id
+
+    def perform(self, url: str, request_json: Any, headers: Mapping[str, str]) -> Reply:
+        with self.lib.PoolManager() as pool:
+            response = pool.request("POST", url, body=orjson.dumps(request_json), headers=_json_headers(headers))
+        return Reply(response.status, response.data)
+
+
+class TestUrllib3PoolManagerStream(StreamedHookSuite):
+    """`PoolManager.request(preload_content=False)`, the body read with `stream()`."""
+
+    library = "urllib3"
+    connection_error = "exceptions.MaxRetryError"
+    recording = STREAM_FIXTURE.id
+    stream_output_tokens = 10
+    first_piece_end = frozenset({"close"})
+    unread_end = frozenset({"close"})
+    stream_break_errors = frozenset({"ProtocolError"})
+
+    def _open(self, pool: Any, url: str, request_json: Any, headers: Mapping[str, str]) -> Any:
+        body = orjson.dumps(request_json)
+        return pool.request("POST", url, body=body, headers=_json_headers(headers), preload_content=False)
+
+    def perform(self, url: str, request_json: Any, headers: Mapping[str, str]) -> Reply:
+        with self.lib.PoolManager() as pool:
+            response = self._open(pool, url, request_json, headers)
+            try:
+                body = b"".join(response.stream(100))
+            finally:
+                response.release_conn()  # also after a reset: the pool then closes the broken connection
+        return Reply(response.status, body)
+
+    def perform_and_stop_after_first_piece(self, url: str, request_json: Any, headers: Mapping[str, str]) -> bytes:
+        with self.lib.PoolManager() as pool:
+            response = self._open(pool, url, request_json, headers)
+            chunks = response.stream(100)
+            piece = bytes(next(chunks))
+            response.close()  # closes the connection too: returned to the pool unread, it would be reused
+            return piece
+
+    def perform_and_close_unread(self, url: str, request_json: Any, headers: Mapping[str, str]) -> int:
+        with self.lib.PoolManager() as pool:
+            response = self._open(pool, url, request_json, headers)
+            response.close()
+            return int(response.status)
+
+
+# --- urllib3's own cases -----------------------------------------------------------------------
+
+
+def _url(upstream: Any) -> str:
+    return str(upstream.base_url) + "/v1/messages"
+
+
+def test_urllib3_read_in_pieces_as_botocore_does_is_recorded_whole(capture_session: CaptureSession, replay_upstream: Any) -> None:
+    with urllib3.PoolManager() as pool:
+        response = pool.urlopen(
+            "POST",
+            _url(replay_upstream),
+            body=json.dumps(JSON_FIXTURE.request_json).encode(),
+            preload_content=False,
+            decode_content=False,
+        )
+        pieces = []
+        while piece := response.read(97):
+            pieces.append(piece)
+    assert b"".join(pieces) == JSON_FIXTURE.body_bytes
+    [line] = recorded_lines(capture_session)
+    assert line["response"] == orjson.loads(JSON_FIXTURE.body_bytes)
