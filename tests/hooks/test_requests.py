@@ -28,7 +28,7 @@ class TestRequestsPost(HookSuite):
     library = "requests"
     connection_error = "ConnectionError"
     recording = JSON_FIXTURE.id
-    lower_layers = ("urllib3",)
+    lower_layers = ("urllib3", "http.client")
 
     def perform(self, url: str, request_json: Any, headers: Mapping[str, str]) -> Reply:
         response = self.lib.post(url, json=request_json, headers=dict(headers), timeout=10)
@@ -41,7 +41,7 @@ class TestRequestsSession(HookSuite):
     library = "requests"
     connection_error = "ConnectionError"
     recording = JSON_FIXTURE.id
-    lower_layers = ("urllib3",)
+    lower_layers = ("urllib3", "http.client")
 
     def perform(self, url: str, request_json: Any, headers: Mapping[str, str]) -> Reply:
         with self.lib.Session() as session:
@@ -57,7 +57,7 @@ class TestRequestsSessionStream(StreamedHookSuite):
     connection_error = "ConnectionError"
     recording = STREAM_FIXTURE.id
     stream_output_tokens = 10
-    lower_layers = ("urllib3",)
+    lower_layers = ("urllib3", "http.client")
     first_piece_end = frozenset({"close", "release_conn"})
     unread_end = frozenset({"close", "release_conn"})
     stream_break_errors = frozenset({"ChunkedEncodingError", "ConnectionError"})

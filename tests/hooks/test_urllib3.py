@@ -31,6 +31,7 @@ class TestUrllib3PoolManager(HookSuite):
     library = "urllib3"
     connection_error = "exceptions.MaxRetryError"  # urllib3 retries a refused connection, then gives up with this
     recording = JSON_FIXTURE.id
+    lower_layers = ("http.client",)
 
     def perform(self, url: str, request_json: Any, headers: Mapping[str, str]) -> Reply:
         with self.lib.PoolManager() as pool:
@@ -44,6 +45,7 @@ class TestUrllib3PoolManagerStream(StreamedHookSuite):
     library = "urllib3"
     connection_error = "exceptions.MaxRetryError"
     recording = STREAM_FIXTURE.id
+    lower_layers = ("http.client",)
     stream_output_tokens = 10
     first_piece_end = frozenset({"close"})
     unread_end = frozenset({"close"})
