@@ -48,7 +48,7 @@ from tests.hooks.conftest import recorded_lines
 from tests.support.faults import FAULT_FIXTURE_HEADER, FaultUpstream, refused_port
 from tests.support.replay import ReplayUpstream
 
-__all__ = ["CREDENTIALS", "HookSuite", "Reply", "StreamedHookSuite", "run"]
+__all__ = ["CREDENTIALS", "HookSuite", "Reply", "StreamedHookSuite", "reply", "run"]
 
 # Sent on every suite call; a record must keep neither value.
 CREDENTIALS = {
@@ -66,10 +66,16 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
 
 @dataclass(frozen=True)
 class Reply:
-    """What the caller got: the status and every body byte it read."""
+    """What the caller got: the status, every body byte it read, and the content type it was told."""
 
     status: int
     body: bytes
+    content_type: str
+
+
+def reply(status: int, body: bytes, headers: Any) -> Reply:
+    """The Reply for `status`, `body` and the response's headers (any mapping with a case-blind `get`)."""
+    return Reply(status, body, str(headers.get("content-type", "")))
 
 
 def hook_for(library: str) -> type[Hook]:
@@ -125,6 +131,11 @@ class HookSuite(abc.ABC):
     def recorded(self) -> RecordedExchange:
         return fixture(self.recording)
 
+    @property
+    def recorded_reply(self) -> Reply:
+        """What the caller gets from the replay upstream, captured or not."""
+        return Reply(200, self.recorded.body_bytes, self.recorded.content_type)
+
     def call(self, base_url: str, path: str | None = None) -> Reply:
         return self.perform(base_url + (path or self.recorded.request_path), self.recorded.request_json, CREDENTIALS)
 
@@ -159,7 +170,7 @@ class HookSuite(abc.ABC):
         self, capture_session: CaptureSession, replay_upstream: ReplayUpstream
     ) -> None:
         reply = self.call(replay_upstream.base_url)
-        assert reply == Reply(200, self.recorded.body_bytes)
+        assert reply == self.recorded_reply
         [sent] = replay_upstream.received
         assert sent.path == self.recorded.request_path and sent.fixture_id == self.recording
         assert orjson.loads(sent.body) == self.recorded.request_json
@@ -208,7 +219,7 @@ class HookSuite(abc.ABC):
             reply = self.call(replay_upstream.base_url)
         finally:
             reset_session(token)
-        assert reply == Reply(200, self.recorded.body_bytes)
+        assert reply == self.recorded_reply
         assert recorded_lines(capture_session) == []
 
     def test_a_call_a_layer_above_already_claimed_is_left_to_that_layer(
@@ -219,7 +230,7 @@ class HookSuite(abc.ABC):
             reply = self.call(replay_upstream.base_url)
         finally:
             release_call(token)
-        assert reply == Reply(200, self.recorded.body_bytes)
+        assert reply == self.recorded_reply
         assert recorded_lines(capture_session) == []
 
     def test_after_uninstall_nothing_is_recorded_the_reply_is_the_same_and_no_wrapper_is_left(
@@ -236,7 +247,7 @@ class HookSuite(abc.ABC):
             unhooked = self.call(replay_upstream.base_url)
         finally:
             acquire_hooks()  # what the fixture releases at teardown
-        assert unhooked == hooked == Reply(200, self.recorded.body_bytes)
+        assert unhooked == hooked == self.recorded_reply
         assert len(recorded_lines(capture_session)) == 1
 
     def test_installing_twice_records_once_and_a_second_hooks_uninstall_keeps_the_first(

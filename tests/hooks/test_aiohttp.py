@@ -12,7 +12,7 @@ import aiohttp
 from llmtap.hooks.session import CaptureSession
 from tests.fixtures import fixture
 from tests.hooks.conftest import recorded_lines
-from tests.hooks.suite import HookSuite, Reply, StreamedHookSuite, run
+from tests.hooks.suite import HookSuite, Reply, StreamedHookSuite, reply, run
 
 JSON_FIXTURE = fixture("responses/text-basic-gpt55")
 STREAM_FIXTURE = fixture("responses/text-basic-stream-gpt55")
@@ -34,7 +34,7 @@ class TestAiohttpClientSession(HookSuite):
                 self.lib.ClientSession() as session,
                 session.post(url, json=request_json, headers=dict(headers)) as response,
             ):
-                return Reply(response.status, await response.read())
+                return reply(response.status, await response.read(), response.headers)
 
         return run(post())
 
@@ -60,7 +60,7 @@ class TestAiohttpClientSessionStream(StreamedHookSuite):
                 self.lib.ClientSession() as session,
                 session.post(url, json=request_json, headers=dict(headers)) as response,
             ):
-                return Reply(response.status, b"".join([line async for line in response.content]))
+                return reply(response.status, b"".join([line async for line in response.content]), response.headers)
 
         return run(stream())
 

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from llmtap.hooks.install import HOOKED_LIBRARIES
-from tests.hooks.suite import HookSuite, Reply, StreamedHookSuite
+from tests.hooks.suite import HookSuite, Reply, StreamedHookSuite, reply
 
 pytestmark = pytest.mark.skipif("http.client" not in HOOKED_LIBRARIES, reason="this tree has no http.client hook")
 
@@ -37,7 +37,7 @@ class TestHttpClientConnection(HookSuite):
     def perform(self, url: str, request_json: Any, headers: Mapping[str, str]) -> Reply:
         connection, response = _request(self.lib, url, request_json, headers)
         try:
-            return Reply(response.status, response.read())
+            return reply(response.status, response.read(), response.headers)
         finally:
             connection.close()
 
@@ -57,7 +57,7 @@ class TestHttpClientConnectionStream(StreamedHookSuite):
             pieces = []
             while piece := response.read1(100):
                 pieces.append(piece)
-            return Reply(response.status, b"".join(pieces))
+            return reply(response.status, b"".join(pieces), response.headers)
         finally:
             connection.close()
 

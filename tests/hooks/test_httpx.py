@@ -13,7 +13,7 @@ import pytest
 from llmtap.hooks.session import CaptureSession
 from tests.fixtures import fixture
 from tests.hooks.conftest import recorded_lines
-from tests.hooks.suite import HookSuite, Reply, StreamedHookSuite, run
+from tests.hooks.suite import HookSuite, Reply, StreamedHookSuite, reply, run
 
 JSON_FIXTURE = fixture("chat/text-basic-gpt4o")
 STREAM_FIXTURE = fixture("chat/text-stream-include-usage-gpt4")
@@ -32,7 +32,7 @@ class TestHttpxClient(HookSuite):
     def perform(self, url: str, request_json: Any, headers: Mapping[str, str]) -> Reply:
         with self.lib.Client() as client:
             response = client.post(url, json=request_json, headers=dict(headers))
-        return Reply(response.status_code, response.content)
+        return reply(response.status_code, response.content, response.headers)
 
 
 class TestHttpxTopLevelPost(HookSuite):
@@ -43,7 +43,7 @@ class TestHttpxTopLevelPost(HookSuite):
 
     def perform(self, url: str, request_json: Any, headers: Mapping[str, str]) -> Reply:
         response = self.lib.post(url, json=request_json, headers=dict(headers))
-        return Reply(response.status_code, response.content)
+        return reply(response.status_code, response.content, response.headers)
 
 
 class TestHttpxClientStream(StreamedHookSuite):
@@ -60,7 +60,7 @@ class TestHttpxClientStream(StreamedHookSuite):
             self.lib.Client() as client,
             client.stream("POST", url, json=request_json, headers=dict(headers)) as response,
         ):
-            return Reply(response.status_code, b"".join(response.iter_bytes()))
+            return reply(response.status_code, b"".join(response.iter_bytes()), response.headers)
 
     def perform_and_stop_after_first_piece(self, url: str, request_json: Any, headers: Mapping[str, str]) -> bytes:
         with (
@@ -88,7 +88,7 @@ class TestHttpxAsyncClient(HookSuite):
         async def post() -> Reply:
             async with self.lib.AsyncClient() as client:
                 response = await client.post(url, json=request_json, headers=dict(headers))
-            return Reply(response.status_code, response.content)
+            return reply(response.status_code, response.content, response.headers)
 
         return run(post())
 
@@ -108,7 +108,8 @@ class TestHttpxAsyncClientStream(StreamedHookSuite):
                 self.lib.AsyncClient() as client,
                 client.stream("POST", url, json=request_json, headers=dict(headers)) as response,
             ):
-                return Reply(response.status_code, b"".join([chunk async for chunk in response.aiter_bytes()]))
+                body = b"".join([chunk async for chunk in response.aiter_bytes()])
+                return reply(response.status_code, body, response.headers)
 
         return run(stream())
 

@@ -13,7 +13,7 @@ import requests
 from llmtap.hooks.session import CaptureSession
 from tests.fixtures import fixture
 from tests.hooks.conftest import recorded_lines
-from tests.hooks.suite import HookSuite, Reply, StreamedHookSuite
+from tests.hooks.suite import HookSuite, Reply, StreamedHookSuite, reply
 
 JSON_FIXTURE = fixture("messages/text-basic-sonnet4")
 STREAM_FIXTURE = fixture("messages/text-stream-sonnet45")
@@ -32,7 +32,7 @@ class TestRequestsPost(HookSuite):
 
     def perform(self, url: str, request_json: Any, headers: Mapping[str, str]) -> Reply:
         response = self.lib.post(url, json=request_json, headers=dict(headers), timeout=10)
-        return Reply(response.status_code, response.content)
+        return reply(response.status_code, response.content, response.headers)
 
 
 class TestRequestsSession(HookSuite):
@@ -47,7 +47,7 @@ class TestRequestsSession(HookSuite):
         with self.lib.Session() as session:
             sent = {**headers, "content-type": "application/json"}
             response = session.post(url, data=orjson.dumps(request_json), headers=sent, timeout=10)
-        return Reply(response.status_code, response.content)
+        return reply(response.status_code, response.content, response.headers)
 
 
 class TestRequestsSessionStream(StreamedHookSuite):
@@ -67,7 +67,7 @@ class TestRequestsSessionStream(StreamedHookSuite):
             self.lib.Session() as session,
             session.post(url, json=request_json, headers=dict(headers), stream=True, timeout=10) as response,
         ):
-            return Reply(response.status_code, b"".join(response.iter_content(64)))
+            return reply(response.status_code, b"".join(response.iter_content(64)), response.headers)
 
     def perform_and_stop_after_first_piece(self, url: str, request_json: Any, headers: Mapping[str, str]) -> bytes:
         with self.lib.Session() as session:

@@ -14,7 +14,7 @@ import urllib3
 from llmtap.hooks.session import CaptureSession
 from tests.fixtures import fixture
 from tests.hooks.conftest import recorded_lines
-from tests.hooks.suite import HookSuite, Reply, StreamedHookSuite
+from tests.hooks.suite import HookSuite, Reply, StreamedHookSuite, reply
 
 JSON_FIXTURE = fixture("messages/text-basic-sonnet4")
 STREAM_FIXTURE = fixture("messages/text-stream-sonnet45")
@@ -38,7 +38,7 @@ class TestUrllib3PoolManager(HookSuite):
     def perform(self, url: str, request_json: Any, headers: Mapping[str, str]) -> Reply:
         with self.lib.PoolManager() as pool:
             response = pool.request("POST", url, body=orjson.dumps(request_json), headers=_json_headers(headers))
-        return Reply(response.status, response.data)
+        return reply(response.status, response.data, response.headers)
 
 
 class TestUrllib3PoolManagerStream(StreamedHookSuite):
@@ -64,7 +64,7 @@ class TestUrllib3PoolManagerStream(StreamedHookSuite):
                 body = b"".join(response.stream(100))
             finally:
                 response.release_conn()  # also after a reset: the pool then closes the broken connection
-        return Reply(response.status, body)
+        return reply(response.status, body, response.headers)
 
     def perform_and_stop_after_first_piece(self, url: str, request_json: Any, headers: Mapping[str, str]) -> bytes:
         with self.lib.PoolManager() as pool:
@@ -113,9 +113,8 @@ def test_a_teed_response_released_unread_is_freed_without_waiting_for_the_collec
     gc.disable()
     try:
         with urllib3.PoolManager() as pool:
-            response = pool.request(
-                "POST", _url(replay_upstream), body=json.dumps(STREAM_FIXTURE.request_json).encode(), preload_content=False
-            )
+            body = json.dumps(STREAM_FIXTURE.request_json).encode()
+            response = pool.request("POST", _url(replay_upstream), body=body, preload_content=False)
             freed = weakref.ref(response)
             response.release_conn()
             del response
