@@ -14,6 +14,8 @@ from llmtap.hooks.install import acquire_hooks, release_hooks
 from llmtap.hooks.registry import load_registry, vendored_registry_path
 from llmtap.hooks.session import CaptureSession, reset_session, use_session
 
+pytest.register_assert_rewrite("tests.hooks.suite")  # the shared suite's failures show their values too
+
 
 def session_in_use(session: CaptureSession) -> Iterator[CaptureSession]:
     """Make `session` the test's capture with the hooks installed; undo both and close it after."""

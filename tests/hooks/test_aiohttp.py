@@ -1,59 +1,94 @@
-"""aiohttp client sessions: JSON and streamed bodies recorded once, responses unchanged."""
+"""aiohttp client sessions, whole and streamed, through the shared suite; aiohttp's own cases."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
-import orjson
-import pytest
 
 from llmtap.hooks.session import CaptureSession
 from tests.fixtures import fixture
 from tests.hooks.conftest import recorded_lines
+from tests.hooks.suite import HookSuite, Reply, StreamedHookSuite, reply, run
 
 JSON_FIXTURE = fixture("responses/text-basic-gpt55")
 STREAM_FIXTURE = fixture("responses/text-basic-stream-gpt55")
 
 
+# --- the shared suite, one class per call style ------------------------------------------------
+
+
+class TestAiohttpClientSession(HookSuite):
+    """`async with session.post(...)`, the body read with `read()`."""
+
+    library = "aiohttp"
+    connection_error = "ClientConnectorError"
+    recording = JSON_FIXTURE.id
+
+    def perform(self, url: str, request_json: Any, headers: Mapping[str, str]) -> Reply:
+        async def post() -> Reply:
+            async with (
+                self.lib.ClientSession() as session,
+                session.post(url, json=request_json, headers=dict(headers)) as response,
+            ):
+                return reply(response.status, await response.read(), response.headers)
+
+        return run(post())
+
+
+class TestAiohttpClientSessionStream(StreamedHookSuite):
+    """`async for line in response.content`: the body read line by line as it arrives."""
+
+    library = "aiohttp"
+    connection_error = "ClientConnectorError"
+    recording = STREAM_FIXTURE.id
+    stream_output_tokens = 5
+    first_piece_end = frozenset({"release"})
+    unread_end = frozenset({"close"})
+    stream_break_errors = frozenset({"ClientPayloadError"})
+
+    def assert_recorded_whole(self, line: dict[str, Any], session: CaptureSession) -> None:
+        super().assert_recorded_whole(line, session)
+        assert line["response"]["status"] == "completed"
+
+    def perform(self, url: str, request_json: Any, headers: Mapping[str, str]) -> Reply:
+        async def stream() -> Reply:
+            async with (
+                self.lib.ClientSession() as session,
+                session.post(url, json=request_json, headers=dict(headers)) as response,
+            ):
+                return reply(response.status, b"".join([line async for line in response.content]), response.headers)
+
+        return run(stream())
+
+    def perform_and_stop_after_first_piece(self, url: str, request_json: Any, headers: Mapping[str, str]) -> bytes:
+        async def first_piece() -> bytes:
+            async with self.lib.ClientSession() as session:
+                response = await session.post(url, json=request_json, headers=dict(headers))
+                piece = bytes(await response.content.readline())
+                response.release()
+                return piece
+
+        return run(first_piece())
+
+    def perform_and_close_unread(self, url: str, request_json: Any, headers: Mapping[str, str]) -> int:
+        async def close_unread() -> int:
+            async with self.lib.ClientSession() as session:
+                response = await session.post(url, json=request_json, headers=dict(headers))
+                response.close()
+                return int(response.status)
+
+        return run(close_unread())
+
+
+# --- aiohttp's own cases -----------------------------------------------------------------------
+
+
 def _url(upstream: Any) -> str:
     return str(upstream.base_url) + "/v1/responses"
-
-
-async def test_a_json_call_is_recorded_once(capture_session: CaptureSession, replay_upstream: Any) -> None:
-    async with aiohttp.ClientSession() as session:
-        async with session.post(_url(replay_upstream), json=JSON_FIXTURE.request_json) as response:
-            body = await response.read()
-    assert body == JSON_FIXTURE.body_bytes
-    [line] = recorded_lines(capture_session)
-    assert line["capture"]["hook"] == "aiohttp"
-    assert line["request"] == JSON_FIXTURE.request_json
-    assert line["response"] == orjson.loads(JSON_FIXTURE.body_bytes)
-    assert line["dialect"] == "responses"
-
-
-async def test_a_stream_read_line_by_line_is_recorded_whole(capture_session: CaptureSession, replay_upstream: Any) -> None:
-    async with aiohttp.ClientSession() as session:
-        async with session.post(_url(replay_upstream), json=STREAM_FIXTURE.request_json) as response:
-            lines = [line async for line in response.content]
-    assert b"".join(lines) == STREAM_FIXTURE.body_bytes
-    [line] = recorded_lines(capture_session)
-    assert line["stream"] is True and line["stream_truncated"] is False
-    assert line["response"]["status"] == "completed"
-
-
-async def test_a_response_released_unread_is_recorded_as_truncated(capture_session: CaptureSession, fault_upstream: Any) -> None:
-    async with aiohttp.ClientSession() as session:
-        response = await session.post(
-            fault_upstream.url("stall-between-0.2") + "/v1/responses", json={"stream": True, "model": "m"}
-        )
-        await response.content.readline()
-        response.release()
-    [line] = recorded_lines(capture_session)
-    assert line["capture"]["end"] == "release"
-    assert line["stream_truncated"] is True
 
 
 async def test_a_response_dropped_without_release_is_recorded_once_it_is_collected(
@@ -72,15 +107,3 @@ async def test_a_response_dropped_without_release_is_recorded_once_it_is_collect
     lines = recorded_lines(capture_session)
     assert len(lines) == 1, capture_session.health.snapshot()
     assert lines[0]["status_code"] == 200
-
-
-async def test_other_urls_are_not_recorded_and_errors_are_re_raised(capture_session: CaptureSession, replay_upstream: Any) -> None:
-    from tests.support.faults import refused_port
-
-    async with aiohttp.ClientSession() as session:
-        async with session.get(replay_upstream.base_url + "/other") as response:
-            assert response.status == 404
-        with pytest.raises(aiohttp.ClientConnectorError):
-            await session.post(f"http://127.0.0.1:{refused_port()}/v1/responses", json={})
-    [line] = recorded_lines(capture_session)
-    assert line["error_category"] == "connection"

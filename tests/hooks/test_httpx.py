@@ -1,9 +1,10 @@
-"""httpx and httpx2 clients: every model call recorded once, whole, and the response unchanged."""
+"""httpx and httpx2 clients: every call style through the shared suite, and httpx's own edge cases."""
 
 from __future__ import annotations
 
 import gc
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -12,10 +13,149 @@ import pytest
 from llmtap.hooks.session import CaptureSession
 from tests.fixtures import fixture
 from tests.hooks.conftest import recorded_lines
+from tests.hooks.suite import HookSuite, Reply, StreamedHookSuite, reply, run
 
 JSON_FIXTURE = fixture("chat/text-basic-gpt4o")
 STREAM_FIXTURE = fixture("chat/text-stream-include-usage-gpt4")
 LIBRARIES = ["httpx", "httpx2"]
+
+
+# --- the shared suite, one class per call style ------------------------------------------------
+
+
+class TestHttpxClient(HookSuite):
+    """`Client.post`: the whole body read before it returns."""
+
+    library = "httpx"
+    connection_error = "ConnectError"
+
+    def perform(self, url: str, request_json: Any, headers: Mapping[str, str]) -> Reply:
+        with self.lib.Client() as client:
+            response = client.post(url, json=request_json, headers=dict(headers))
+        return reply(response.status_code, response.content, response.headers)
+
+
+class TestHttpxTopLevelPost(HookSuite):
+    """The module-level `httpx.post`, which builds a client for the one call."""
+
+    library = "httpx"
+    connection_error = "ConnectError"
+
+    def perform(self, url: str, request_json: Any, headers: Mapping[str, str]) -> Reply:
+        response = self.lib.post(url, json=request_json, headers=dict(headers))
+        return reply(response.status_code, response.content, response.headers)
+
+
+class TestHttpxClientStream(StreamedHookSuite):
+    """`Client.stream`, the body read piece by piece."""
+
+    library = "httpx"
+    connection_error = "ConnectError"
+    first_piece_end = frozenset({"closed"})
+    unread_end = frozenset({"closed"})
+    stream_break_errors = frozenset({"RemoteProtocolError", "ReadError"})
+
+    def perform(self, url: str, request_json: Any, headers: Mapping[str, str]) -> Reply:
+        with (
+            self.lib.Client() as client,
+            client.stream("POST", url, json=request_json, headers=dict(headers)) as response,
+        ):
+            return reply(response.status_code, b"".join(response.iter_bytes()), response.headers)
+
+    def perform_and_stop_after_first_piece(self, url: str, request_json: Any, headers: Mapping[str, str]) -> bytes:
+        with (
+            self.lib.Client() as client,
+            client.stream("POST", url, json=request_json, headers=dict(headers)) as response,
+        ):
+            chunks = response.iter_raw()  # held, so leaving the block closes the response first
+            return bytes(next(chunks))
+
+    def perform_and_close_unread(self, url: str, request_json: Any, headers: Mapping[str, str]) -> int:
+        with self.lib.Client() as client:
+            request = client.build_request("POST", url, json=request_json, headers=dict(headers))
+            response = client.send(request, stream=True)
+            response.close()
+            return int(response.status_code)
+
+
+class TestHttpxAsyncClient(HookSuite):
+    """`AsyncClient.post`."""
+
+    library = "httpx"
+    connection_error = "ConnectError"
+
+    def perform(self, url: str, request_json: Any, headers: Mapping[str, str]) -> Reply:
+        async def post() -> Reply:
+            async with self.lib.AsyncClient() as client:
+                response = await client.post(url, json=request_json, headers=dict(headers))
+            return reply(response.status_code, response.content, response.headers)
+
+        return run(post())
+
+
+class TestHttpxAsyncClientStream(StreamedHookSuite):
+    """`AsyncClient.stream`, the body read piece by piece."""
+
+    library = "httpx"
+    connection_error = "ConnectError"
+    first_piece_end = frozenset({"closed"})
+    unread_end = frozenset({"closed"})
+    stream_break_errors = frozenset({"RemoteProtocolError", "ReadError"})
+
+    def perform(self, url: str, request_json: Any, headers: Mapping[str, str]) -> Reply:
+        async def stream() -> Reply:
+            async with (
+                self.lib.AsyncClient() as client,
+                client.stream("POST", url, json=request_json, headers=dict(headers)) as response,
+            ):
+                body = b"".join([chunk async for chunk in response.aiter_bytes()])
+                return reply(response.status_code, body, response.headers)
+
+        return run(stream())
+
+    def perform_and_stop_after_first_piece(self, url: str, request_json: Any, headers: Mapping[str, str]) -> bytes:
+        async def first_piece() -> bytes:
+            async with (
+                self.lib.AsyncClient() as client,
+                client.stream("POST", url, json=request_json, headers=dict(headers)) as response,
+            ):
+                chunks = response.aiter_raw()  # held, so leaving the block closes the response first
+                return bytes(await chunks.__anext__())
+
+        return run(first_piece())
+
+    def perform_and_close_unread(self, url: str, request_json: Any, headers: Mapping[str, str]) -> int:
+        async def close_unread() -> int:
+            async with self.lib.AsyncClient() as client:
+                request = client.build_request("POST", url, json=request_json, headers=dict(headers))
+                response = await client.send(request, stream=True)
+                await response.aclose()
+                return int(response.status_code)
+
+        return run(close_unread())
+
+
+class TestHttpx2Client(TestHttpxClient):
+    library = "httpx2"
+
+
+class TestHttpx2TopLevelPost(TestHttpxTopLevelPost):
+    library = "httpx2"
+
+
+class TestHttpx2ClientStream(TestHttpxClientStream):
+    library = "httpx2"
+
+
+class TestHttpx2AsyncClient(TestHttpxAsyncClient):
+    library = "httpx2"
+
+
+class TestHttpx2AsyncClientStream(TestHttpxAsyncClientStream):
+    library = "httpx2"
+
+
+# --- httpx's own cases -------------------------------------------------------------------------
 
 
 @pytest.fixture(params=LIBRARIES)
@@ -25,42 +165,6 @@ def lib(request: pytest.FixtureRequest) -> Any:
 
 def _url(replay_upstream: Any) -> str:
     return str(replay_upstream.base_url) + "/v1/chat/completions"
-
-
-def test_a_json_call_is_recorded_once_with_its_response_and_usage(lib: Any, capture_session: CaptureSession, replay_upstream: Any) -> None:
-    with lib.Client() as client:
-        response = client.post(_url(replay_upstream), json=JSON_FIXTURE.request_json, headers={"authorization": "Bearer sk-secret"})
-    assert response.content == JSON_FIXTURE.body_bytes
-    [line] = recorded_lines(capture_session)
-    assert line["response"] == orjson.loads(JSON_FIXTURE.body_bytes)
-    assert line["request"] == JSON_FIXTURE.request_json
-    assert line["provider"] == "local" and line["capture"]["hook"] == lib.__name__
-    assert line["capture"]["end"] == "eof"
-    assert "authorization" not in line["http"]["request_headers"]
-    assert line["latency_ttft_ms"] is not None
-    assert replay_upstream.request_count == 1
-
-
-def test_a_stream_is_recorded_when_fully_read(lib: Any, capture_session: CaptureSession, replay_upstream: Any) -> None:
-    with lib.Client() as client:
-        with client.stream("POST", _url(replay_upstream), json=STREAM_FIXTURE.request_json) as response:
-            body = b"".join(response.iter_bytes())
-    assert body == STREAM_FIXTURE.body_bytes
-    [line] = recorded_lines(capture_session)
-    assert line["stream"] is True and line["stream_truncated"] is False
-    assert line["response"]["usage"]["completion_tokens"] == 5
-    assert line["response_raw"] == STREAM_FIXTURE.body_text
-
-
-def test_a_stream_closed_early_is_recorded_as_truncated(lib: Any, capture_session: CaptureSession, replay_upstream: Any) -> None:
-    with lib.Client() as client:
-        with client.stream("POST", _url(replay_upstream), json=STREAM_FIXTURE.request_json) as response:
-            chunks = response.iter_raw()
-            next(chunks)
-    [line] = recorded_lines(capture_session)
-    assert line["capture"]["end"] == "closed"
-    assert line["stream_truncated"] is True
-    assert line["error_category"] == "stream_truncated"
 
 
 def test_a_stream_never_read_is_recorded_when_collected(lib: Any, capture_session: CaptureSession, replay_upstream: Any) -> None:
@@ -73,61 +177,6 @@ def test_a_stream_never_read_is_recorded_when_collected(lib: Any, capture_sessio
     [line] = recorded_lines(capture_session)
     assert line["capture"]["end"] == "collected"
     client.close()
-
-
-def test_calls_outside_the_registry_pass_through_unrecorded(lib: Any, capture_session: CaptureSession, replay_upstream: Any) -> None:
-    with lib.Client() as client:
-        response = client.get(replay_upstream.base_url + "/health")
-    assert response.status_code == 404
-    assert recorded_lines(capture_session) == []
-
-
-def test_a_failed_connection_raises_the_same_exception_and_is_recorded(lib: Any, capture_session: CaptureSession) -> None:
-    from tests.support.faults import refused_port
-
-    with lib.Client() as client:
-        with pytest.raises(lib.ConnectError):
-            client.post(f"http://127.0.0.1:{refused_port()}/v1/chat/completions", json={"model": "m"})
-    [line] = recorded_lines(capture_session)
-    assert line["error_category"] == "connection"
-    assert line["exception_type"] == "ConnectError"
-    assert line["status_code"] is None
-
-
-def test_a_connection_reset_mid_stream_is_recorded_as_an_error(lib: Any, capture_session: CaptureSession, fault_upstream: Any) -> None:
-    with lib.Client() as client:
-        with pytest.raises(lib.HTTPError):
-            with client.stream("POST", fault_upstream.url("reset-after-2") + "/v1/chat/completions", json={"stream": True}) as response:
-                for _ in response.iter_bytes():
-                    pass
-    [line] = recorded_lines(capture_session)
-    assert line["capture"]["end"] == "error"
-    assert line["error_category"] in ("connection", "stream_truncated")
-
-
-async def test_async_json_and_stream_calls_are_recorded_once_each(lib: Any, capture_session: CaptureSession, replay_upstream: Any) -> None:
-    async with lib.AsyncClient() as client:
-        response = await client.post(_url(replay_upstream), json=JSON_FIXTURE.request_json)
-        chunks = []
-        async with client.stream("POST", _url(replay_upstream), json=STREAM_FIXTURE.request_json) as streamed:
-            async for chunk in streamed.aiter_bytes():
-                chunks.append(chunk)
-    assert response.json() == orjson.loads(JSON_FIXTURE.body_bytes)
-    assert b"".join(chunks) == STREAM_FIXTURE.body_bytes
-    lines = recorded_lines(capture_session)
-    assert [line.get("stream", False) for line in lines] == [False, True]
-    assert all(line["capture"]["end"] == "eof" for line in lines)
-    assert replay_upstream.request_count == 2
-
-
-def test_nothing_is_recorded_after_the_hooks_are_removed(lib: Any, tmp_path: Any, replay_upstream: Any) -> None:
-    from llmtap.hooks.install import installed_hooks
-
-    assert lib.__name__ not in installed_hooks()
-    with lib.Client() as client:
-        response = client.post(_url(replay_upstream), json=JSON_FIXTURE.request_json)
-    assert response.status_code == 200
-    assert not hasattr(lib.Client.send, "__llmtap_original__")
 
 
 def test_a_response_a_mock_transport_built_whole_is_recorded_at_once(lib: Any, capture_session: CaptureSession) -> None:

@@ -49,10 +49,14 @@ def tee_urllib3_response(raw: Any, call: CapturedCall, token: object) -> None:
     """Show every body byte read from urllib3 response `raw` to `call`, while `call.hook_state is token`.
 
     The caller sets `call.hook_state = token`; a redirect hop that replaces it switches the tee off.
+    The wrappers live on `raw` and reach its own methods weakly: a cycle through them would leave
+    `raw` to the garbage collector, which may finalize the socket of a response released unread
+    before its file object closes it (an unclosed-socket ResourceWarning, and the descriptor held
+    until a collection).
     """
     raw_ref = weakref.ref(raw)
-    read_original = raw.read
-    read_chunked_original = raw.read_chunked
+    read_original = _weakly(raw.read)
+    read_chunked_original = _weakly(raw.read_chunked)
     default_decode = bool(getattr(raw, "decode_content", True))
     reading = [0]  # read() may release the connection itself at end of body: that is not an early end
 
@@ -64,13 +68,12 @@ def tee_urllib3_response(raw: Any, call: CapturedCall, token: object) -> None:
         if decode if decode is not None else default_decode:
             call.mark_body_decoded()
 
-    @functools.wraps(read_original)
     def read(*args: Any, **kwargs: Any) -> Any:
         if not live():
-            return read_original(*args, **kwargs)
+            return read_original()(*args, **kwargs)
         reading[0] += 1
         try:
-            data = read_original(*args, **kwargs)
+            data = read_original()(*args, **kwargs)
         except BaseException as exc:
             if live():
                 call.finish("error", exc)
@@ -86,13 +89,12 @@ def tee_urllib3_response(raw: Any, call: CapturedCall, token: object) -> None:
                 call.finish("eof")
         return data
 
-    @functools.wraps(read_chunked_original)
     def read_chunked(*args: Any, **kwargs: Any) -> Iterator[bytes]:
         if not live():
-            yield from read_chunked_original(*args, **kwargs)
+            yield from read_chunked_original()(*args, **kwargs)
             return
         try:
-            for chunk in _counted(read_chunked_original(*args, **kwargs), reading):
+            for chunk in _counted(read_chunked_original()(*args, **kwargs), reading):
                 if live():
                     note_decoding(args, kwargs)
                     call.add_chunk(chunk)
@@ -109,14 +111,15 @@ def tee_urllib3_response(raw: Any, call: CapturedCall, token: object) -> None:
             call.finish("eof")
 
     def ending(name: str) -> Callable[..., Any] | None:
-        original = getattr(raw, name, None)
-        if original is None:
+        method = getattr(raw, name, None)
+        if method is None:
             return None
+        original = _weakly(method)
 
-        @functools.wraps(original)
         def end_then(*args: Any, **kwargs: Any) -> Any:
             try:
-                return original(*args, **kwargs)
+                method = original()  # None only while a collector is freeing `raw`: nothing left to call
+                return None if method is None else method(*args, **kwargs)
             finally:
                 # May run from io's __del__ during garbage collection: never block here.
                 if live() and not reading[0]:
@@ -131,6 +134,14 @@ def tee_urllib3_response(raw: Any, call: CapturedCall, token: object) -> None:
         if wrapper is not None:
             setattr(raw, name, wrapper)
     weakref.finalize(raw, _collected, call, token)
+
+
+def _weakly(method: Any) -> Callable[[], Any]:
+    """A way back to a bound method that does not keep its object alive; any other callable is kept as it is."""
+    try:
+        return weakref.WeakMethod(method)
+    except TypeError:
+        return lambda: method
 
 
 def _counted(chunks: Iterator[bytes], reading: list[int]) -> Iterator[bytes]:
