@@ -1,0 +1,83 @@
+"""The replay modes that run no workload: `forensic` (the recorded calls in order) and `exact` (its eligibility).
+
+`forensic` executes nothing: it lists each recorded call (rollout, index, endpoint, model,
+status, error, latency, the first characters of the answer) as a replay report.
+
+`exact` re-runs are only meaningful where the recording makes the model deterministic: every
+call has temperature 0 or a seed. This module decides that eligibility per call and reports it;
+it never states that a response reproduced unless it compared one (`reproduced` stays None).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..dialects.projection import response_text
+from .matching import MATCH_KEY_VERSION, RecordedCall, RecordingIndex
+
+__all__ = ["exact_eligibility", "exact_report", "forensic_report"]
+
+_EXCERPT = 80
+
+
+def _row(call: RecordedCall) -> dict[str, Any]:
+    record = call.record
+    try:
+        text = response_text(record.dialect, record.response)
+    except Exception:  # a response the dialect cannot read: listed without its text
+        text = None
+    return {
+        "rollout_id": call.rollout_id,
+        "call_index": call.call_index,
+        "endpoint": call.endpoint,
+        "model": call.model,
+        "status_code": record.status_code,
+        "error_category": record.error_category,
+        "latency_ms": record.latency_ms,
+        "answer_excerpt": text[:_EXCERPT] if isinstance(text, str) else None,
+        "reproduced": None,
+    }
+
+
+def forensic_report(source: str | Path) -> dict[str, Any]:
+    """The recorded calls of a recording in order, as a replay report (nothing is executed)."""
+    index = RecordingIndex.from_path(Path(source))
+    calls = [_row(call) for call in index]
+    return {
+        "mode": "forensic",
+        "replay_of": str(Path(source).resolve()),
+        "match_key_version": MATCH_KEY_VERSION,
+        "recorded_calls": len(calls),
+        "unreadable_lines": index.unreadable_lines,
+        "calls": calls,
+        "ok": index.unreadable_lines == 0,
+    }
+
+
+def exact_eligibility(call: RecordedCall) -> str | None:
+    """Why a recorded call cannot be re-run deterministically, or None when it can (temperature 0 or a seed)."""
+    request = call.projection.get("request")
+    if not isinstance(request, dict):
+        return "its request is not a JSON object"
+    if request.get("seed") is not None:
+        return None
+    temperature = request.get("temperature")
+    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature == 0:
+        return None
+    return "it has neither temperature 0 nor a seed"
+
+
+def exact_report(source: str | Path) -> dict[str, Any]:
+    """Which recorded calls an exact re-run could check; each call's `reproduced` stays None (not checked here)."""
+    report = forensic_report(source)
+    index = RecordingIndex.from_path(Path(source))
+    ineligible = []
+    for row, call in zip(report["calls"], index):
+        reason = exact_eligibility(call)
+        row["eligible"] = reason is None
+        if reason is not None:
+            row["ineligible_because"] = reason
+            ineligible.append(row)
+    report.update({"mode": "exact", "eligible": not ineligible, "ok": not ineligible})
+    return report
