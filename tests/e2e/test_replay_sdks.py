@@ -1,4 +1,4 @@
-"""`llmtap replay` over a program using the real openai and anthropic SDKs (sync, async, streams), httpx and requests.
+"""`llmtap replay` over a program using the real openai and anthropic SDKs (sync, async, streams), httpx, requests and aiohttp.
 
 The program is recorded under `llmtap run` against the replay upstream; the upstream is then
 stopped and the program replayed from its capsule: its output must be identical, every response
@@ -29,7 +29,7 @@ FIXTURES = {
 
 WORKLOAD = '''
 import asyncio, json, os, sys
-import anthropic, httpx, openai, requests
+import aiohttp, anthropic, httpx, openai, requests
 
 BASE = os.environ["REPLAY_BASE"]
 REQ = json.loads(os.environ["REPLAY_REQUESTS"])
@@ -56,6 +56,11 @@ async def async_calls():
         out.append("".join([c.choices[0].delta.content or "" async for c in stream if c.choices]))
     async with anthropic.AsyncAnthropic(base_url=BASE, api_key="sk-ant-test", max_retries=0) as client:
         out.append((await client.messages.create(**REQ["MESSAGES"])).usage.output_tokens)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(BASE + "/v1/responses", json=REQ["RESPONSES"]) as response:
+            out.append([response.status, (await response.json())["status"]])
+        async with session.post(BASE + "/v1/chat/completions", json=REQ["CHAT_STREAM"]) as response:
+            out.append(sum([1 async for line in response.content if line.startswith(b"data:")]))
 
 asyncio.run(async_calls())
 out.append(requests.post(BASE + "/v1/chat/completions", json=REQ["CHAT"]).json()["id"])
@@ -66,7 +71,7 @@ with httpx.Client() as client:
     out.append(client.post(BASE + "/v1/responses", json=REQ["RESPONSES"]).json()["status"])
 print(json.dumps(out))
 '''
-EXPECTED_CALLS = 12
+EXPECTED_CALLS = 14
 
 
 def _llmtap(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -139,3 +144,36 @@ def test_a_changed_prompt_fails_with_the_miss_naming_the_field(tmp_path: Path) -
     assert "ReplayMissError" in replayed.stderr
     assert "/request/messages/" in replayed.stderr and "a different question" in replayed.stderr
     assert "MISS" in replayed.stderr
+
+
+def test_the_guard_refuses_a_connection_to_the_recorded_server_and_the_replay_fails(tmp_path: Path) -> None:
+    capsule, _, env = _record(tmp_path)
+    sneaky = tmp_path / "sneaky.py"
+    sneaky.write_text(  # importing httpx starts the replay's hooks and guard; then a raw socket to the recorded server
+        "import httpx, os, socket\nfrom urllib.parse import urlsplit\nparts = urlsplit(os.environ['REPLAY_BASE'])\n"
+        "try:\n    socket.create_connection((parts.hostname, parts.port), timeout=2)\n"
+        "except ConnectionRefusedError as exc:\n    print(type(exc).__name__)\n"
+    )
+    replayed = _llmtap(
+        ["replay", str(capsule), "--capsule-dir", str(tmp_path / "replayed"), "--json", "--", sys.executable, str(sneaky)],
+        env,
+        tmp_path,
+    )
+    assert replayed.returncode == 1
+    assert replayed.stdout.startswith("ReplayNetworkBlocked")
+    report = json.loads(replayed.stdout[replayed.stdout.index("\n{") + 1 :])
+    assert report["ok"] is False and len(report["network_refused"]) == 1
+    assert len(report["unserved"]) == EXPECTED_CALLS
+
+
+def test_forensic_lists_the_recorded_calls_without_running_anything(tmp_path: Path) -> None:
+    capsule, _, env = _record(tmp_path)
+    shown = _llmtap(["replay", str(capsule), "--mode", "forensic", "--json"], env, tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    assert report["mode"] == "forensic" and report["recorded_calls"] == EXPECTED_CALLS
+    assert [call["call_index"] for call in report["calls"]] == list(range(EXPECTED_CALLS))
+    assert report["calls"][0]["answer_excerpt"] == "Oi!" and all(call["reproduced"] is None for call in report["calls"])
+    exact = _llmtap(["replay", str(capsule), "--mode", "exact", "--json"], env, tmp_path)
+    assert exact.returncode == 1  # these recordings use the default temperature and no seed: not eligible
+    assert all(call["eligible"] is False for call in json.loads(exact.stdout)["calls"])

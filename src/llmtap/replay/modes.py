@@ -23,10 +23,7 @@ _EXCERPT = 80
 
 def _row(call: RecordedCall) -> dict[str, Any]:
     record = call.record
-    try:
-        text = response_text(record.dialect, record.response)
-    except Exception:  # a response the dialect cannot read: listed without its text
-        text = None
+    text = response_text(record.dialect, record.response)
     return {
         "rollout_id": call.rollout_id,
         "call_index": call.call_index,
@@ -34,7 +31,11 @@ def _row(call: RecordedCall) -> dict[str, Any]:
         "model": call.model,
         "status_code": record.status_code,
         "error_category": record.error_category,
-        "latency_ms": record.latency_ms,
+        "finish_reason": record.finish_reason,
+        "tokens_in": record.tokens_in,
+        "tokens_out": record.tokens_out,
+        "latency_ms": record.latency_total_ms,
+        "tool_calls": [call.get("name") for call in record.tool_calls],
         "answer_excerpt": text[:_EXCERPT] if isinstance(text, str) else None,
         "reproduced": None,
     }

@@ -167,3 +167,68 @@ def requests_response(session: Any, request: Any, answer: RecordedAnswer, kwargs
     if not kwargs.get("stream"):
         _ = response.content
     return response
+
+
+class _SentRequest:
+    """Stands for aiohttp's request writer of a request already sent (the replay sent nothing)."""
+
+    output_size = 0
+
+
+async def aiohttp_response(session: Any, method: str, str_or_url: Any, answer: RecordedAnswer, kwargs: dict[str, Any]) -> Any:
+    """An aiohttp `ClientResponse` with the recorded status and headers, its body fed to its reader chunk by chunk.
+
+    Built the way aiohttp's own `start()` fills a response from a parsed message; there is no
+    connection behind it, so `release()` and `close()` have nothing to return to a pool.
+    """
+    import http
+
+    import aiohttp
+    from aiohttp.base_protocol import BaseProtocol
+    from aiohttp.client_reqrep import ClientResponse, RequestInfo
+    from aiohttp.streams import StreamReader
+    from multidict import CIMultiDict, CIMultiDictProxy
+    from yarl import URL
+
+    loop = asyncio.get_running_loop()
+    build = getattr(session, "_build_url", None)
+    url = build(str_or_url) if build is not None else URL(str_or_url)
+    sent = CIMultiDictProxy(CIMultiDict(kwargs.get("headers") or {}))
+    response = ClientResponse(
+        method.upper(),
+        url,
+        writer=None,
+        continue100=None,
+        timer=None,  # type: ignore[arg-type]
+        request_info=RequestInfo(url, method.upper(), sent, url),
+        traces=[],
+        loop=loop,
+        session=session,
+        stream_writer=_SentRequest(),  # type: ignore[arg-type]
+    )
+    response.version = aiohttp.HttpVersion11
+    response.status = answer.status
+    try:
+        response.reason = http.HTTPStatus(answer.status).phrase
+    except ValueError:
+        response.reason = ""
+    response._headers = CIMultiDictProxy(CIMultiDict(answer.headers))
+    response._raw_headers = tuple((name.encode("latin-1"), value.encode("latin-1")) for name, value in answer.headers)
+    reader = StreamReader(BaseProtocol(loop), 2**16, loop=loop)
+    response.content = reader
+    if all(delay <= 0 for delay, _ in answer.chunks):
+        for _, chunk in answer.chunks:
+            if chunk:
+                reader.feed_data(chunk)
+        reader.feed_eof()
+    else:
+
+        async def feed() -> None:
+            for delay, chunk in answer.chunks:
+                await asyncio.sleep(delay)
+                if chunk:
+                    reader.feed_data(chunk)
+            reader.feed_eof()
+
+        response._llmtap_feeder = loop.create_task(feed())  # type: ignore[attr-defined]  # kept alive with the response
+    return response
