@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -26,6 +27,10 @@ __all__ = ["replay"]
               help="A call the recording does not hold: fail it, or send it to the real endpoint (and record it).")
 @click.option("--replace", "replace_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Intervention: a JSON file naming one recorded call and the response to answer it with.")
+@click.option("--endpoint", default=None, help="Exact: the base URL to re-send the recorded requests to.")
+@click.option("--api-key-env", default=None, help="Exact: the environment variable holding --endpoint's API key.")
+@click.option("--report", "report_file", type=click.Path(dir_okay=False), default=None,
+              help="Forensic and exact: also write the report as JSON to this file.")
 @click.option("--capsule-dir", type=click.Path(file_okay=False), default=None, help="Where the new capsule goes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the replay report as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="Do not echo the program's output.")
@@ -36,6 +41,9 @@ def replay(
     speed: float,
     on_miss: str,
     replace_file: str | None,
+    endpoint: str | None,
+    api_key_env: str | None,
+    report_file: str | None,
     capsule_dir: str | None,
     as_json: bool,
     quiet: bool,
@@ -51,10 +59,13 @@ def replay(
     mode = mode or ("intervention" if replace_file else "mocked")
     try:
         if mode == "forensic" or mode == "exact":
-            from ..replay.modes import exact_report, forensic_report
+            from ..replay.exact import exact_run
+            from ..replay.modes import forensic_report
 
-            report = forensic_report(recording) if mode == "forensic" else exact_report(recording)
+            report = forensic_report(recording) if mode == "forensic" else exact_run(recording, endpoint, api_key_env=api_key_env)
             exit_code = 0 if report.get("ok", True) else 1
+            if report_file is not None:
+                Path(report_file).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         else:
             if not command:
                 raise click.UsageError("Give the command to replay after --, for example: llmtap replay CAPSULE -- python agent.py")

@@ -1,11 +1,10 @@
-"""The replay modes that run no workload: `forensic` (the recorded calls in order) and `exact` (its eligibility).
+"""The recorded calls of a recording as a report (`forensic` replay), and which of them an `exact` replay can check.
 
 `forensic` executes nothing: it lists each recorded call (rollout, index, endpoint, model,
 status, error, latency, the first characters of the answer) as a replay report.
 
-`exact` re-runs are only meaningful where the recording makes the model deterministic: every
-call has temperature 0 or a seed. This module decides that eligibility per call and reports it;
-it never states that a response reproduced unless it compared one (`reproduced` stays None).
+`exact` re-runs (`exact`) are only meaningful where the recording makes the model deterministic:
+temperature 0 or a seed on the call; `exact_eligibility` decides it per call.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import Any
 from ..dialects.projection import response_text
 from .matching import MATCH_KEY_VERSION, RecordedCall, RecordingIndex
 
-__all__ = ["exact_eligibility", "exact_report", "forensic_report"]
+__all__ = ["exact_eligibility", "forensic_report"]
 
 _EXCERPT = 80
 
@@ -67,18 +66,3 @@ def exact_eligibility(call: RecordedCall) -> str | None:
     if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature == 0:
         return None
     return "it has neither temperature 0 nor a seed"
-
-
-def exact_report(source: str | Path) -> dict[str, Any]:
-    """Which recorded calls an exact re-run could check; each call's `reproduced` stays None (not checked here)."""
-    report = forensic_report(source)
-    index = RecordingIndex.from_path(Path(source))
-    ineligible = []
-    for row, call in zip(report["calls"], index):
-        reason = exact_eligibility(call)
-        row["eligible"] = reason is None
-        if reason is not None:
-            row["ineligible_because"] = reason
-            ineligible.append(row)
-    report.update({"mode": "exact", "eligible": not ineligible, "ok": not ineligible})
-    return report
