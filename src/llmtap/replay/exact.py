@@ -39,10 +39,14 @@ def outcome_of(record: Any) -> dict[str, Any]:
     }
 
 
+def _recorded_http(call: RecordedCall) -> dict[str, Any]:
+    http = (call.line or {}).get("http")
+    return http if isinstance(http, dict) else {}
+
+
 def _headers(call: RecordedCall, api_key: str | None) -> dict[str, str]:
-    line = call.line or {}
-    http = line.get("http") if isinstance(line.get("http"), dict) else {}
-    recorded = http.get("request_headers") if isinstance(http.get("request_headers"), dict) else {}
+    found = _recorded_http(call).get("request_headers")
+    recorded: dict[str, Any] = found if isinstance(found, dict) else {}
     headers = {"content-type": "application/json"}
     headers.update({name: str(recorded[name]) for name in _KEPT_HEADERS if isinstance(recorded.get(name), str)})
     if api_key is not None:
@@ -60,9 +64,8 @@ def _send(call: RecordedCall, endpoint: str, api_key: str | None, timeout: float
     from ..exchange import Exchange
     from ..records import ModelCallRecord, raw_line_from_exchange
 
-    line = call.line or {}
-    http = line.get("http") if isinstance(line.get("http"), dict) else {}
-    path = http.get("path") if isinstance(http.get("path"), str) else "/v1/chat/completions"
+    recorded_path = _recorded_http(call).get("path")
+    path = recorded_path if isinstance(recorded_path, str) else "/v1/chat/completions"
     base = endpoint.rstrip("/")
     if base.endswith("/v1") and path.startswith("/v1/"):
         base = base[: -len("/v1")]

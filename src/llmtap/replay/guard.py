@@ -91,8 +91,8 @@ class NetworkGuard:
             return connect_ex(sock, address)
 
         socket.getaddrinfo = guarded_getaddrinfo
-        socket.socket.connect = guarded_connect  # type: ignore[method-assign]
-        socket.socket.connect_ex = guarded_connect_ex  # type: ignore[method-assign]
+        socket.socket.connect = guarded_connect  # type: ignore[method-assign, assignment]
+        socket.socket.connect_ex = guarded_connect_ex  # type: ignore[method-assign, assignment]
 
     def remove(self) -> None:
         if not self._originals:

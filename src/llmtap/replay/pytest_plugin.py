@@ -29,7 +29,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ RECORD_MODES = ("none", "once", "new_episodes", "all", "rewrite")
 _DEFAULT_DIR = "tests/cassettes"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _CASSETTE_KEY = pytest.StashKey["Cassette"]()
+_PASSED_KEY = pytest.StashKey[bool]()
 
 
 @dataclass
@@ -128,21 +129,18 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Note whether the test body passed: a recording mode keeps a cassette only from a passing test."""
     report = yield
     if report.when == "call":
         item.stash[_PASSED_KEY] = report.passed
     return report
 
 
-_PASSED_KEY = pytest.StashKey[bool]()
-
-
 @pytest.fixture
 def llmtap_cassette(request: pytest.FixtureRequest) -> Iterator[Cassette]:
     """Answer this test's model calls from its cassette, or record them (see the module's record modes)."""
-    import llmtap
-
+    from ..capture import capture
     from .guard import uninstall_guard
     from .live import Replayer, set_replayer
     from .matching import RecordingIndex
@@ -172,7 +170,7 @@ def llmtap_cassette(request: pytest.FixtureRequest) -> Iterator[Cassette]:
         if mode != "new_episodes":
             cassette.replayer.install_guard()
     try:
-        with llmtap.capture(runs_dir=scratch, durability="call") as run:
+        with capture(runs_dir=scratch, durability="call") as run:
             yield cassette
     finally:
         set_replayer(None)

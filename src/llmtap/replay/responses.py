@@ -70,7 +70,7 @@ def _stream_class(module: Any, asynchronous: bool) -> type:
         return found
     if asynchronous:
 
-        class RecordedAsyncStream(module.AsyncByteStream):  # type: ignore[misc, name-defined]
+        class RecordedAsyncStream(module.AsyncByteStream):  # type: ignore[misc]
             def __init__(self, answer: RecordedAnswer) -> None:
                 self._cursor = _Cursor(answer)
 
@@ -81,7 +81,7 @@ def _stream_class(module: Any, asynchronous: bool) -> type:
         found = RecordedAsyncStream
     else:
 
-        class RecordedSyncStream(module.SyncByteStream):  # type: ignore[misc, name-defined]
+        class RecordedSyncStream(module.SyncByteStream):  # type: ignore[misc]
             def __init__(self, answer: RecordedAnswer) -> None:
                 self._cursor = _Cursor(answer)
 

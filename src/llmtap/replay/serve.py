@@ -117,7 +117,7 @@ def build_replay_app(config: Any, recording: str | Path, *, speed: float = 0.0, 
     replayer = Replayer(RecordingIndex.from_path(Path(recording)), speed=speed, events_path=events_path)
     transport = ReplayTransport(replayer)
     app = build_app(config)
-    proxy = app.app  # CaptureMiddleware(ProxyApp)
+    proxy = app.app  # type: ignore[attr-defined]  # CaptureMiddleware(ProxyApp)
     for upstream in proxy.upstreams.values():
         upstream.transport = transport
     return RolloutNoting(app)
