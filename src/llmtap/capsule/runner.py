@@ -36,7 +36,7 @@ from .writer import create_capsule_directories, directory_identity, hold_runner_
 TYPE_CHECKING = False  # `typing` is not imported at run time (see above)
 if TYPE_CHECKING:
     import signal as _signals
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from pathlib import Path
     from typing import Any, Self
 
@@ -374,9 +374,14 @@ def run_captured(
     echo: bool = True,
     linger: float = 2.0,
     environ: dict[str, str] | None = None,
+    manifest_fields: dict[str, Any] | None = None,
+    before_finalise: Callable[[Path], None] | None = None,
 ) -> RunResult:
     """Run `command` under capture into a new capsule and return how it ended.
 
+    `manifest_fields` are added to capsule.json (`llmtap replay` names the capsule it replayed);
+    `before_finalise(root)` runs once the command has ended, before finalisation, so a file it
+    writes into the capsule (the replay report) is redacted and covered like the others.
     Raises ConfigError (before running anything) when the URL registry is malformed.
     """
     handoff = registry_for_run(registry_path)
@@ -409,6 +414,8 @@ def run_captured(
                 signals.command = running
             try:
                 paths, manifest = _open_capsule(root, command, started, handoff)
+                if manifest_fields:
+                    manifest.update(manifest_fields)
                 from .finalise import finalise_capsule  # loaded while the command runs
             except BaseException:
                 if running is not None:
@@ -421,6 +428,8 @@ def run_captured(
             keep_stdout = keep_stderr = -1
             outcome = _outcome(returncode, signals.received, launch_error)
             outcome.duration_ms = round((time.perf_counter() - started_mono) * 1000.0, 3)
+            if before_finalise is not None:
+                before_finalise(paths.root)
             final = finalise_capsule(
                 paths,
                 manifest,

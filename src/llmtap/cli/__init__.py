@@ -33,6 +33,7 @@ _COMMANDS = {
     "query": "query:query",
     "records": "records:records",
     "redact": "redact:redact",
+    "replay": "replay:replay",
     "run": "run:run",
     "runs": "runs:runs",
     "serve": "serve:serve",

@@ -24,6 +24,7 @@ __all__ = ["serve"]
 @click.option("--host", help="Address to bind (default 127.0.0.1).")
 @click.option("--port", type=int, help="Port to bind (default 8787).")
 @click.option("--workers", type=click.IntRange(min=1, max=256), help="Server processes sharing the port (default 1).")
+@click.option("--replay", "replay_from", type=click.Path(exists=True, file_okay=False), help="Answer from this capsule or capture dir; send nothing.")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 def serve(
     config_path: Path | None,
@@ -36,6 +37,7 @@ def serve(
     host: str | None,
     port: int | None,
     workers: int | None,
+    replay_from: str | None,
     overrides: tuple[str, ...],
 ) -> None:
     """Run a capturing proxy; point an SDK's base_url at it with a /ng-rollout/<id> prefix.
@@ -47,6 +49,8 @@ def serve(
     from ..server.run import run_server
 
     defaults: dict[str, Any] = {}
+    if replay_from and not upstream and config_path is None:
+        upstream = "http://127.0.0.1:9"  # never contacted: the recording answers every request
     if upstream:
         entry: dict[str, Any] = {"base_url": upstream}
         if upstream_key_env:
@@ -69,7 +73,11 @@ def serve(
         config = load_serve_config(config_path, overrides, settings=defaults)
         if capsule and config.workers > 1:
             raise click.UsageError("A capsule is recorded by one process: drop --workers (or ++workers) with --capsule.")
-        if capsule:
+        if replay_from:
+            from ..replay.serve import serve_replay
+
+            serve_replay(config, replay_from)
+        elif capsule:
             from ..server.capsule_mode import serve_into_capsule
 
             click.echo(f"capsule: {serve_into_capsule(config, runs_dir=capsule_dir)}", err=True)

@@ -20,7 +20,7 @@ import weakref
 from types import ModuleType
 from typing import Any, Callable
 
-from .base import Hook, Patch, claim_call, inside_hooked_call, release_call
+from .base import Hook, Patch, claim_call, inside_hooked_call, recorded_answer, release_call
 from .network import NetworkTimer, network_timer, timed_async
 from .session import CapturedCall, active_session, open_call
 
@@ -135,7 +135,13 @@ def _request(original: Callable[..., Any]) -> Callable[..., Any]:
             if call is None:
                 return await timed_async(_timer(method, str_or_url), original, self, method, str_or_url, **kwargs)
             try:
-                response = await original(self, method, str_or_url, **kwargs)
+                answer = recorded_answer(call)
+                if answer is None:
+                    response = await original(self, method, str_or_url, **kwargs)
+                else:  # a replay answers from the recording
+                    from ..replay.responses import aiohttp_response
+
+                    response = await aiohttp_response(self, method, str_or_url, answer, kwargs)
             except BaseException as exc:
                 await call.afinish("error", exc)
                 raise

@@ -13,10 +13,11 @@
 from __future__ import annotations
 
 import logging
+import sys
 from contextvars import ContextVar, Token
 from typing import Any, Callable, ClassVar
 
-__all__ = ["Hook", "Patch", "claim_call", "inside_hooked_call", "release_call", "wrapped_original"]
+__all__ = ["Hook", "Patch", "claim_call", "inside_hooked_call", "recorded_answer", "release_call", "wrapped_original"]
 
 logger = logging.getLogger("llmtap.capture")
 
@@ -37,6 +38,16 @@ def claim_call() -> Token[bool]:
 def release_call(token: Token[bool]) -> None:
     """Give the claim back (also after an exception)."""
     _IN_HOOKED_CALL.reset(token)
+
+
+def recorded_answer(call: Any) -> Any:
+    """The recording's answer for a captured call while a replay runs, else None (send it).
+
+    Costs one dictionary lookup when no replay was ever started (its module is not loaded);
+    raises `llmtap.replay.live.ReplayMissError` for a call the recording does not hold.
+    """
+    live = sys.modules.get("llmtap.replay.live")
+    return None if live is None else live.replay_answer(call)
 
 
 def wrapped_original(function: Any) -> Any:

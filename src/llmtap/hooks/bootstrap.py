@@ -54,7 +54,20 @@ def start(capsule: str | os.PathLike[str]) -> CaptureSession:
     _session = CaptureSession(root / "calls", registry=_registry(root), spool=SpoolWriter(spool_directory(root)))
     set_process_session(_session)
     acquire_hooks()
+    if os.environ.get("LLMTAP_REPLAY_SOURCE"):  # `llmtap replay`: the recording answers the model calls
+        _start_replay(root, _session)
     return _session
+
+
+def _start_replay(root: Path, session: CaptureSession) -> None:
+    """Answer from the recording; if it cannot be loaded, refuse every model API instead of going live."""
+    from ..replay import guard, live
+
+    try:
+        live.start_from_environment(root, session.registry)
+    except Exception as exc:
+        guard.install_guard(session.registry.named_hosts())
+        sys.stderr.write(f"llmtap replay: could not load the recording ({type(exc).__name__}); model calls are refused.\n")
 
 
 class _Notify:

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from .base import Hook, Patch, claim_call, inside_hooked_call, release_call
+from .base import Hook, Patch, claim_call, inside_hooked_call, recorded_answer, release_call
 from .network import NetworkTimer, network_timer, timed, timed_async
 from .session import CapturedCall, active_session, open_call
 
@@ -228,6 +228,12 @@ def _attach(call: CapturedCall, response: Any, tee: type) -> None:
         call.finish_unattended("hook_failed")
 
 
+def _replayed_response(hook: str, request: Any, answer: Any, *, asynchronous: bool) -> Any:
+    from ..replay.responses import httpx_response
+
+    return httpx_response(hook, request, answer, asynchronous=asynchronous)
+
+
 def _sync_send(hook: str, tee: type, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -241,7 +247,11 @@ def _sync_send(hook: str, tee: type, original: Callable[..., Any]) -> Callable[.
             wants_stream = kwargs.get("stream", False)
             kwargs["stream"] = True
             try:
-                response = original(self, request, *args, **kwargs)
+                answer = recorded_answer(call)
+                if answer is None:
+                    response = original(self, request, *args, **kwargs)
+                else:  # a replay answers from the recording; the tee below captures it like any response
+                    response = _replayed_response(hook, request, answer, asynchronous=False)
             except BaseException as exc:
                 call.finish("error", exc)
                 raise
@@ -272,7 +282,11 @@ def _async_send(hook: str, tee: type, original: Callable[..., Any]) -> Callable[
             wants_stream = kwargs.get("stream", False)
             kwargs["stream"] = True
             try:
-                response = await original(self, request, *args, **kwargs)
+                answer = recorded_answer(call)
+                if answer is None:
+                    response = await original(self, request, *args, **kwargs)
+                else:
+                    response = _replayed_response(hook, request, answer, asynchronous=True)
             except BaseException as exc:
                 await call.afinish("error", exc)
                 raise

@@ -197,6 +197,15 @@ class UrlRegistry:
         """Provider names in match order."""
         return tuple(provider.name for provider in self._providers)
 
+    def named_hosts(self) -> list[tuple[str, int | None]]:
+        """Every host the registry names without a wildcard, with its port (None: any); for replay's network guard."""
+        return [
+            (".".join(pattern.labels), pattern.port)
+            for provider in self._providers
+            for pattern in provider.hosts
+            if "*" not in pattern.labels
+        ]
+
     def match(self, host: str, port: int | None, path: str) -> EndpointMatch | None:
         """Return the endpoint a call to `host:port` + `path` belongs to, or None to pass it by.
 

@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
-from .base import Hook, Patch, claim_call, inside_hooked_call, release_call
+from .base import Hook, Patch, claim_call, inside_hooked_call, recorded_answer, release_call
 from .network import NetworkTimer, network_timer, timed
 from .session import CapturedCall, active_session, open_call
 
@@ -175,7 +175,13 @@ def _urlopen(original: Callable[..., Any]) -> Callable[..., Any]:
                 timer = _timer(self, method, url, body)
                 return timed(timer, original, self, method, url, body, headers, *args, **kwargs)
             try:
-                response = original(self, method, url, body, headers, *args, **kwargs)
+                answer = recorded_answer(call)
+                if answer is None:
+                    response = original(self, method, url, body, headers, *args, **kwargs)
+                else:  # a replay answers from the recording
+                    from ..replay.responses import urllib3_response
+
+                    response = urllib3_response(method, url, answer, args, kwargs)
             except BaseException as exc:
                 call.finish("error", exc)
                 raise
