@@ -44,7 +44,7 @@ def test_each_event_shows_when_the_chunk_that_completed_it_arrived() -> None:
 
 def test_a_chunk_list_that_does_not_cut_the_bytes_shows_no_times_rather_than_wrong_ones() -> None:
     line, body = _streamed_line([100], [0.01, 0.02])
-    line["response_chunks"] = [[1.0, 100], [2.0, len(body)]]  # lengths no longer sum to the body
+    line["response_chunks"] = [[1000, 100], [2000, len(body)]]  # lengths no longer sum to the body
     events, _ = _events(line)
     assert events and all(at is None for _, _, at in events)
     del line["response_chunks"]  # a line written before llmtap kept chunk times

@@ -121,7 +121,7 @@ def raw_line_from_exchange(
     or is a stream, and a few optional fields (`provider`, `rollout_id`, `http`, `sampling`,
     `exception_type`). Parsing problems become `capture_parse_error`, never an exception.
 
-    An uncompressed stream also keeps `response_chunks`: `[offset_ms, length]` per body chunk as it
+    An uncompressed stream also keeps `response_chunks`: `[offset_us, length]` per body chunk as it
     arrived (offset from the call's start), so `response_raw` can be cut back into the chunks the
     client got, when it got them: what replay serves and the viewer shows.
 
@@ -153,7 +153,8 @@ def raw_line_from_exchange(
         line["stream"] = True
         line["stream_truncated"] = terminal is None
         if "content-encoding" not in exchange.response_headers:
-            line["response_chunks"] = [[round(offset * 1000.0, 3), len(chunk)] for offset, chunk in exchange.response_chunks]
+            # Whole microseconds: an integer encodes at a fraction of a float's cost, per chunk.
+            line["response_chunks"] = [[int(offset * 1_000_000), len(chunk)] for offset, chunk in exchange.response_chunks]
     _add_context(exchange, line)
     return line
 

@@ -187,10 +187,10 @@ def _timed_events(raw: bytes, chunks: Any) -> list[tuple[SSEEvent, float | None]
     for entry in chunks:
         if not (isinstance(entry, list) and len(entry) == 2):
             return None
-        offset, length = entry
-        if not isinstance(offset, (int, float)) or isinstance(offset, bool) or type(length) is not int or length < 0:
+        offset_us, length = entry
+        if type(offset_us) is not int or type(length) is not int or length < 0:
             return None
-        pieces.append((float(offset), length))
+        pieces.append((offset_us / 1000.0, length))
     if sum(length for _, length in pieces) != len(raw):
         return None
     decoder = SSEDecoder()
