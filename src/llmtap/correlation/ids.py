@@ -38,6 +38,7 @@ __all__ = [
     "MODEL_SAMPLING_PREFIX",
     "ROLLOUT_ID_PATTERN",
     "ROLLOUT_PREFIX",
+    "TRAINING_TOKEN_CAPTURE_FIELD",
     "TRAINING_TOKEN_CAPTURE_SEGMENT",
     "rollout_file_stem",
     "rollout_id_from_file_stem",
@@ -49,6 +50,8 @@ ROLLOUT_PREFIX = "/ng-rollout/"
 MODEL_SAMPLING_PREFIX = "/ng-sampling/"
 # After `/ng-rollout/<id>`: the call is also one whose token ids a training framework captures.
 TRAINING_TOKEN_CAPTURE_SEGMENT = "/training-token-capture"
+# The record's mark of such a call (kept on the record's `extra`); absent, not false, on every other call.
+TRAINING_TOKEN_CAPTURE_FIELD = "training_token_capture"
 
 # Use fullmatch (or the validate functions): with `match`, "$" would also accept a trailing newline.
 ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", re.ASCII)

@@ -41,9 +41,8 @@ from llmtap.dialects.history import (
 )
 from llmtap.records import ModelCallRecord
 
-from .observations import AgentObservations, ToolCallObservation, model_call_owners
-from .trajectory_merge import untimed_tool_calls
-from .wire_tools import fill_from_wire
+from .observations import AgentObservations, model_call_owners
+from .trajectory_tools import tool_calls as project_tool_calls
 
 __all__ = [
     "RESOLVED_KEYS",
@@ -71,7 +70,7 @@ class TrajectoryOptions:
 
 
 @dataclass
-class _Call:
+class ProjectedCall:
     """One captured call on its way into the record: its items and its place in a thread."""
 
     record: ModelCallRecord
@@ -167,7 +166,7 @@ def project_trajectory(
     turns = _turns(calls, task_id, rollout_id)
     resolution = _resolution(row, options)
     _mark_resolved(turns, threads, terminal_model_call_id, resolution["resolved"])
-    tool_calls = _tool_calls(calls, observations, gaps, tool_call_records)
+    tool_calls = project_tool_calls(calls, observations, gaps, tool_call_records)
     if not records:
         gaps.append(_gap("model_calls_unavailable", "trajectory"))
     if not turns:
@@ -203,7 +202,7 @@ def _read_call(
     invocation_id: str | None,
     gaps: list[dict[str, Any]],
     memo: dict[bytes, list[HistoryItem]],
-) -> _Call:
+) -> ProjectedCall:
     input_items = request_items(record.dialect, record.request, memo=memo)
     if input_items is None:
         gaps.append(_gap("conversation_unavailable", "trajectory", f"model_call:{record.model_call_id}:input"))
@@ -212,12 +211,12 @@ def _read_call(
         # An error body is a response without model output: nothing the model said is missing.
         if record.error_category is None:
             gaps.append(_gap("conversation_unavailable", "trajectory", f"model_call:{record.model_call_id}:output"))
-    return _Call(record, invocation_id, input_items, output_items or [])
+    return ProjectedCall(record, invocation_id, input_items, output_items or [])
 
 
-def _expand_previous_responses(calls: list[_Call], gaps: list[dict[str, Any]]) -> None:
+def _expand_previous_responses(calls: list[ProjectedCall], gaps: list[dict[str, Any]]) -> None:
     """A `previous_response_id` request continues that response's context, server-side."""
-    by_response: dict[str, list[_Call]] = {}
+    by_response: dict[str, list[ProjectedCall]] = {}
     for call in calls:
         if call.record.response_id:
             by_response.setdefault(call.record.response_id, []).append(call)
@@ -236,15 +235,15 @@ def _expand_previous_responses(calls: list[_Call], gaps: list[dict[str, Any]]) -
         call.input_items = context + call.input_items
 
 
-def _thread_calls(calls: list[_Call]) -> list[dict[str, Any]]:
+def _thread_calls(calls: list[ProjectedCall]) -> list[dict[str, Any]]:
     """Link each call to the latest earlier call (same invocation) whose context its input extends."""
-    known: dict[tuple[str | None, int, bytes], tuple[_Call, bool]] = {}
+    known: dict[tuple[str | None, int, bytes], tuple[ProjectedCall, bool]] = {}
     threads: dict[str, dict[str, Any]] = {}
     fingerprints: dict[int, bytes] = {}
     for call in calls:
         items = call.input_items or []
         call.hashes = _rolling(b"", items, fingerprints)
-        parent: tuple[_Call, bool] | None = None
+        parent: tuple[ProjectedCall, bool] | None = None
         length = 0
         for length in range(len(items), 0, -1):
             parent = known.get((call.invocation_id, length, call.hashes[length - 1]))
@@ -296,7 +295,7 @@ def _call_ref(record: ModelCallRecord) -> dict[str, Any]:
     return {"model_call_id": record.model_call_id, "model_ref": record.model_ref, "response_id": record.response_id}
 
 
-def _turn_status(call: _Call) -> str:
+def _turn_status(call: ProjectedCall) -> str:
     if call.record.error_category is not None:
         return "error"
     kinds = {item["type"] for item in call.output_items}
@@ -307,7 +306,7 @@ def _turn_status(call: _Call) -> str:
     return "no_output"
 
 
-def _turns(calls: list[_Call], task_id: str | None, rollout_id: str | None) -> list[dict[str, Any]]:
+def _turns(calls: list[ProjectedCall], task_id: str | None, rollout_id: str | None) -> list[dict[str, Any]]:
     open_turn: dict[str, dict[str, Any]] = {}
     turns: list[dict[str, Any]] = []
     steps: dict[str | None, int] = {}
@@ -386,98 +385,7 @@ def _mark_resolved(
         target["resolved"] = resolved
 
 
-def _tool_calls(
-    calls: list[_Call],
-    observations: AgentObservations | None,
-    gaps: list[dict[str, Any]],
-    wire_records: Sequence[Any] = (),
-) -> list[dict[str, Any]]:
-    """Tool calls the model made, with the output it was shown and the execution the agent observed."""
-    observed: dict[tuple[str, str], ToolCallObservation] = {}
-    by_call_id: dict[str, list[ToolCallObservation]] = {}
-    for observation in observations.tool_calls if observations is not None else []:
-        observed.setdefault((observation.invocation_id, observation.tool_call_id), observation)
-        by_call_id.setdefault(observation.tool_call_id, []).append(observation)
-    results: dict[str, tuple[HistoryItem, str]] = {}
-    for call in calls:
-        new_items = (call.input_items or [])[call.new_start :] + call.output_items
-        for item in new_items:
-            if item["type"] == "tool_result" and item["call_id"]:
-                results.setdefault(item["call_id"], (item, call.record.model_call_id))
-    entries: list[dict[str, Any]] = []
-    seen: set[tuple[str | None, str]] = set()
-    used: set[int] = set()
-    for call in calls:
-        hosted_ids = {item["call_id"] for item in call.output_items if item["type"] == "tool_result"}
-        for item in call.output_items:
-            if item["type"] != "tool_call":
-                continue
-            tool_call_id = item["call_id"]
-            if tool_call_id is not None and (call.invocation_id, tool_call_id) in seen:
-                continue
-            if tool_call_id is not None:
-                seen.add((call.invocation_id, tool_call_id))
-            matched: ToolCallObservation | None = None
-            if tool_call_id is not None and call.invocation_id is not None:
-                matched = observed.get((call.invocation_id, tool_call_id))
-            elif tool_call_id is not None and len(by_call_id.get(tool_call_id, [])) == 1:
-                # The call's invocation is unknown: only a tool call id observed exactly once joins.
-                matched = by_call_id[tool_call_id][0]
-            hosted = tool_call_id in hosted_ids
-            result = results.get(tool_call_id) if tool_call_id else None
-            entry = _tool_entry(item, call, matched, result, hosted)
-            if matched is not None:
-                used.add(id(matched))
-            entries.append(entry)
-    for observation in observations.tool_calls if observations is not None else []:
-        if id(observation) not in used:
-            entries.append(_tool_entry(None, None, observation, results.get(observation.tool_call_id), False))
-    if wire_records:  # MCP calls recorded on the wire fill what the agent did not report
-        fill_from_wire(entries, wire_records, {call.record.model_call_id: call.record.completed_at for call in calls})
-    # A client-run tool call without any timing, observed or not: the same count a merge recomputes.
-    untimed = untimed_tool_calls(entries)
-    if untimed:
-        gaps.append(_gap("tool_timing_unavailable", "trajectory", f"count={untimed}"))
-    return entries
-
-
-def _tool_entry(
-    item: HistoryItem | None,
-    call: _Call | None,
-    observation: ToolCallObservation | None,
-    result: tuple[HistoryItem, str] | None,
-    hosted: bool,
-) -> dict[str, Any]:
-    result_item, result_call = result if result is not None else (None, None)
-    if observation is not None:
-        status = observation.status
-    else:
-        status = "failed" if result_item is not None and result_item.get("is_error") else "unknown"
-    output = observation.output if observation is not None and observation.output is not None else None
-    if output is None and result_item is not None:
-        output = result_item["text"]
-    return {
-        "invocation_id": observation.invocation_id if observation else call.invocation_id if call else None,
-        "tool_call_id": item["call_id"] if item is not None else observation.tool_call_id if observation else None,
-        "tool_name": (item["name"] if item is not None else None) or (observation.tool_name if observation else None),
-        "arguments": item["arguments"] if item is not None else None,
-        "requested_by_model_call_id": call.record.model_call_id if call is not None else None,
-        "thread_id": call.thread_id if call is not None else None,
-        "hosted": hosted,
-        "status": status,
-        "output": output,
-        "output_model_call_id": result_call,
-        "started_at": observation.started_at if observation else None,
-        "completed_at": observation.completed_at if observation else None,
-        "duration_ms": observation.duration_ms if observation else None,
-        "timing_source": observation.timing_source if observation else None,
-        "clock_id": observation.clock_id if observation else None,
-        "sandbox_id": observation.sandbox_id if observation else None,
-        "error_type": observation.error_type if observation else None,
-    }
-
-
-def _model_call_entry(call: _Call, include_payloads: bool) -> dict[str, Any]:
+def _model_call_entry(call: ProjectedCall, include_payloads: bool) -> dict[str, Any]:
     record = call.record
     if record.latency_total_ms is not None and record.latency_total_ms < 0:
         raise ValueError(

@@ -34,7 +34,7 @@ from urllib.parse import unquote
 import orjson
 
 from ..correlation import ROLLOUT_PREFIX, split_rollout_prefix, split_token_capture_segment
-from ..correlation.ids import TRAINING_TOKEN_CAPTURE_SEGMENT
+from ..correlation.ids import TRAINING_TOKEN_CAPTURE_FIELD, TRAINING_TOKEN_CAPTURE_SEGMENT
 from ..correlation.sampling import (
     MODEL_SAMPLING_HEADER,
     MODEL_SAMPLING_PREFIX,
@@ -197,10 +197,6 @@ class CaptureMiddleware:
         report = health_report(self.health, capture_dir, self.in_flight, otlp_export=export)
         await send_health(send, report, head_only=head_only)
 
-
-# The record's mark of a call made under `/ng-rollout/<id>/training-token-capture`: a call whose
-# token ids a training framework captures. Absent, not false, on every other call.
-TRAINING_TOKEN_CAPTURE_FIELD = "training_token_capture"
 
 # A call is correlated by a rollout prefix, and may carry a sampling segment after it, or alone
 # (a run whose rows carry sampling values but no rollout id): both are stripped before routing.
