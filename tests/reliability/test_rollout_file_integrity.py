@@ -1,6 +1,6 @@
 """One rollout's capture file under many writers and after a crash mid-line.
 
-tests/test_store.py covers blocking appends from threads in 8 processes; here 8 processes append
+tests/store/test_capture_store.py covers blocking appends from threads in 8 processes; here 8 processes append
 through the path `llmtap serve` takes (`append_async` on an event loop, 1,000 each, many in
 flight at once, some lines spanning many pages), and a torn tail left by a crashed writer meets
 the next call through a real serve process.

@@ -20,7 +20,7 @@ import llmtap.store.sync_worker as sync_worker
 from llmtap.errors import StoreError
 from llmtap.store import AppendResult, CaptureStore
 from llmtap.store.sync_worker import ACK, NEW_FILE, REQUEST, serve
-from tests.test_store import fd_path, make_record
+from tests.store.test_capture_store import fd_path, make_record
 
 WAIT = 30.0
 
