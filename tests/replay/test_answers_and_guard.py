@@ -46,6 +46,19 @@ def test_the_timing_is_the_recorded_ttft_then_the_rest_spread_evenly_scaled_by_s
     assert [delay for delay, _ in answer_from_line(STREAM_LINE, speed=2).chunks] == pytest.approx([0.05, 0.075, 0.075])
 
 
+def test_a_stream_with_recorded_chunks_comes_back_in_those_chunks_after_their_recorded_gaps() -> None:
+    """A line written with `response_chunks` replays the chunks the client got, mid-event cuts
+    included, each after the gap it arrived after (divided by speed)."""
+    raw = STREAM_LINE["response_raw"].encode()
+    line = {**STREAM_LINE, "response_chunks": [[120_000, 10], [300_000, len(raw) - 10]]}
+    answer = answer_from_line(line, speed=2)
+    assert [chunk for _, chunk in answer.chunks] == [raw[:10], raw[10:]]
+    assert [delay for delay, _ in answer.chunks] == pytest.approx([0.06, 0.09])
+    assert [delay for delay, _ in answer_from_line(line, speed=0).chunks] == [0.0, 0.0]
+    broken = {**STREAM_LINE, "response_chunks": [[120_000, 10]]}  # does not cut these bytes: event boundaries
+    assert len(answer_from_line(broken).chunks) == 3
+
+
 def test_a_json_body_is_the_recorded_value_with_its_length() -> None:
     line = {"status_code": 429, "response": {"error": {"type": "rate_limit"}}, "http": {"response_headers": {"retry-after": "3"}}}
     answer = answer_from_line(line)

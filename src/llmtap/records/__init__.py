@@ -15,7 +15,7 @@ from llmtap.records.categories import (
     category_for_status,
     status_from_exception,
 )
-from llmtap.records.line import SCHEMA_VERSION, StreamTracker, decode_raw_field, raw_line_from_exchange
+from llmtap.records.line import SCHEMA_VERSION, StreamTracker, decode_raw_field, raw_line_from_exchange, recorded_chunks
 from llmtap.records.metrics import aggregate_metrics
 from llmtap.records.model_call import PAYLOAD_FIELDS, RECORD_FIELDS, ModelCallRecord
 
@@ -31,5 +31,6 @@ __all__ = [
     "category_for_status",
     "decode_raw_field",
     "raw_line_from_exchange",
+    "recorded_chunks",
     "status_from_exception",
 ]

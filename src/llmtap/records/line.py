@@ -22,7 +22,7 @@ from ..exchange import Exchange, new_model_call_id
 from .categories import category_for_exception, category_for_status, status_from_exception
 from .content_coding import DEFAULT_MAX_DECODED_BYTES, DecodedTooLarge, UndecodableContent, decode_content
 
-__all__ = ["SCHEMA_VERSION", "StreamTracker", "decode_raw_field", "raw_line_from_exchange"]
+__all__ = ["SCHEMA_VERSION", "StreamTracker", "decode_raw_field", "raw_line_from_exchange", "recorded_chunks"]
 
 # Version of the persisted line. Readers accept every version up to this one (and lines without
 # a version, as written by the reference system, which read as version 0).
@@ -281,3 +281,26 @@ def decode_raw_field(line: Mapping[str, Any], name: str) -> bytes | None:
         except binascii.Error:
             return None
     return None
+
+
+def recorded_chunks(line: Mapping[str, Any], body: bytes) -> list[tuple[float, bytes]] | None:
+    """`body` cut back into the chunks the client got, each with its arrival in seconds from the call's start.
+
+    From the line's `response_chunks`. None when the line has none, or a list that does not cut
+    these exact bytes (a line another tool wrote or edited): a reader then shows no times and a
+    replay picks its own boundaries, rather than wrong ones.
+    """
+    chunks = line.get("response_chunks")
+    if not isinstance(chunks, list) or not chunks:
+        return None
+    pieces: list[tuple[float, bytes]] = []
+    position = 0
+    for entry in chunks:
+        if not (isinstance(entry, list) and len(entry) == 2):
+            return None
+        offset_us, length = entry
+        if type(offset_us) is not int or type(length) is not int or offset_us < 0 or length < 0:
+            return None
+        pieces.append((offset_us / 1_000_000, body[position : position + length]))
+        position += length
+    return pieces if position == len(body) else None

@@ -3,10 +3,11 @@
 The persisted line keeps the status, the response headers (credential headers were never
 written), and the body: for a stream the whole event stream as it arrived (`response_raw`), for
 a JSON body the parsed object (`response`), for anything else the raw text or bytes. It keeps no
-per-chunk arrival times, only the time to the first byte (`latency_ttft_ms`) and the total
-(`latency_ms`), so a replayed stream is cut at its event boundaries (each SSE event one chunk);
-at `speed > 0` the first event comes after the recorded TTFT and the others are spread evenly
-over the rest of the recorded latency, divided by `speed`.
+each chunk's arrival (`response_chunks`) where it was written with it: a replayed stream then comes
+back in the chunks the client got, each after its recorded gap, divided by `speed`. A line
+without them (older, or another tool's) is cut at its event boundaries (each SSE event one
+chunk): the first event after the recorded TTFT, the others spread evenly over the rest of the
+recorded latency, divided by `speed`.
 
 A JSON body comes back as the line holds it: the same JSON value with the same key order,
 written compactly (the line never kept the original whitespace). `content-length` is set to
@@ -25,7 +26,7 @@ from typing import Any
 import orjson
 
 from ..errors import LlmtapError
-from ..records import decode_raw_field
+from ..records import decode_raw_field, recorded_chunks
 
 __all__ = ["RecordedAnswer", "ReplayAnswerError", "answer_from_line", "split_events"]
 
@@ -122,8 +123,14 @@ def answer_from_line(line: Mapping[str, Any] | None, *, speed: float = 0.0) -> R
     ]
     body = _body(line)
     stream = bool(line.get("stream"))
-    pieces = split_events(body) if stream and body else [body]
     if not stream:
         headers.append(("content-length", str(len(body))))
-    delays = _delays(len(pieces), line, speed)
-    return RecordedAnswer(status, tuple(headers), tuple(zip(delays, pieces)), stream)
+        return RecordedAnswer(status, tuple(headers), tuple(zip(_delays(1, line, speed), [body])), stream)
+    chunks = recorded_chunks(line, body) if body else None
+    if chunks is not None:
+        arrivals = [arrival for arrival, _ in chunks]
+        gaps = [max(0.0, now - before) for before, now in zip([0.0, *arrivals], arrivals)]
+        delays = [gap / speed if speed > 0 else 0.0 for gap in gaps]
+        return RecordedAnswer(status, tuple(headers), tuple(zip(delays, [piece for _, piece in chunks])), stream)
+    pieces = split_events(body) if body else [body]
+    return RecordedAnswer(status, tuple(headers), tuple(zip(_delays(len(pieces), line, speed), pieces)), stream)

@@ -19,7 +19,7 @@ import orjson
 
 from ..dialects.history import request_items, response_items
 from ..dialects.sse import SSEDecoder, SSEEvent, decode_sse
-from ..records import ModelCallRecord
+from ..records import ModelCallRecord, recorded_chunks
 
 __all__ = ["CallView", "build_call_view", "pretty_json"]
 
@@ -169,35 +169,20 @@ def _events(line: dict[str, Any]) -> tuple[list[tuple[str, str, float | None]], 
     raw = _raw_response(line)
     if not raw:
         return [], 0
-    timed = _timed_events(raw, line.get("response_chunks"))
+    timed = _timed_events(raw, line)
     decoded = timed if timed is not None else [(event, None) for event in decode_sse(raw)]
     shown = [(event.event or "message", event.data[:20_000], at) for event, at in decoded[:MAX_EVENTS]]
     return shown, len(decoded)
 
 
-def _timed_events(raw: bytes, chunks: Any) -> list[tuple[SSEEvent, float | None]] | None:
-    """Each event with the arrival of the chunk that completed it, from the line's `response_chunks`.
-
-    None when the line has no chunk list, or one that does not cut these bytes exactly (a line
-    another tool wrote, or edited): then no time is shown rather than a wrong one.
-    """
-    if not isinstance(chunks, list) or not chunks:
-        return None
-    pieces: list[tuple[float, int]] = []
-    for entry in chunks:
-        if not (isinstance(entry, list) and len(entry) == 2):
-            return None
-        offset_us, length = entry
-        if type(offset_us) is not int or type(length) is not int or length < 0:
-            return None
-        pieces.append((offset_us / 1000.0, length))
-    if sum(length for _, length in pieces) != len(raw):
+def _timed_events(raw: bytes, line: dict[str, Any]) -> list[tuple[SSEEvent, float | None]] | None:
+    """Each event with the arrival (ms) of the chunk that completed it; None without trustworthy chunk times."""
+    chunks = recorded_chunks(line, raw)
+    if chunks is None:
         return None
     decoder = SSEDecoder()
     timed: list[tuple[SSEEvent, float | None]] = []
-    position = 0
-    for offset, length in pieces:
-        timed.extend((event, offset) for event in decoder.feed(raw[position : position + length]))
-        position += length
+    for arrival_s, piece in chunks:
+        timed.extend((event, arrival_s * 1000.0) for event in decoder.feed(piece))
     timed.extend((event, None) for event in decoder.close())
     return timed
