@@ -79,7 +79,7 @@ async def test_the_openai_sdk_reads_llmtaps_own_chat_error(tmp_path: Path) -> No
 async def test_an_invalid_rollout_id_on_messages_is_answered_in_anthropic_shape(tmp_path: Path) -> None:
     transport = httpx.ASGITransport(app=_refusing_app(tmp_path))
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
-        response = await http.post("/ng-rollout/.hidden/v1/messages", content=b"{}")
+        response = await http.post("/ng-rollout/a%20b/v1/messages", content=b"{}")
     assert response.status_code == 400
     body = response.json()
     assert body["type"] == "error" and body["error"]["code"] == "invalid_rollout_id"

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-import llmtap.server.middleware as middleware_module
+import llmtap.server.record_commit as record_commit_module
 from llmtap.records import decode_raw_field
 from llmtap.store import CaptureStore
 from tests.e2e.serve_harness import serving
@@ -32,13 +32,13 @@ def test_a_bomb_is_forwarded_whole_and_recorded_raw_within_bounded_memory(
 ) -> None:
     compressed = bomb(coding, BOMB_MIB)  # built before measuring
     builders: list[tuple[str, int]] = []
-    build = middleware_module.raw_line_from_exchange
+    build = record_commit_module.raw_line_from_exchange
 
     def spied_build(*args: Any, **kwargs: Any) -> dict[str, Any]:
         builders.append((threading.current_thread().name, kwargs["max_decoded_bytes"]))
         return build(*args, **kwargs)
 
-    monkeypatch.setattr(middleware_module, "raw_line_from_exchange", spied_build)
+    monkeypatch.setattr(record_commit_module, "raw_line_from_exchange", spied_build)
     with serving(fault_upstream.base_url, tmp_path, max_decoded_body_bytes=LIMIT) as (server, health):
         tracemalloc.start()
         try:
