@@ -50,7 +50,17 @@ def inner(pytester: pytest.Pytester, replay_upstream: Any, monkeypatch: pytest.M
 
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-p", "llmtap.replay.pytest_plugin", "-p", "no:cacheprovider", *args)
+    """Run the inner session as a user's would: the plugin loads through its installed entry point."""
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+
+
+def test_the_plugin_is_registered_by_its_entry_point() -> None:
+    """`pip install llmtap` is enough: pytest finds the plugin in the pytest11 entry points."""
+    from importlib.metadata import entry_points
+
+    assert [(point.name, point.value) for point in entry_points(group="pytest11") if point.name == "llmtap"] == [
+        ("llmtap", "llmtap.replay.pytest_plugin")
+    ]
 
 
 def cassette(pytester: pytest.Pytester) -> Path:
