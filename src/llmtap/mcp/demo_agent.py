@@ -80,8 +80,8 @@ async def _call_tool(url: str, name: str, arguments: str) -> tuple[str, bool]:
 
 async def run_task(client: Any, config: McpAgentConfig, body: Mapping[str, Any]) -> dict[str, Any]:
     """Run one task; the result carries `response` (the last model response as sent), `reward` and `turns`."""
-    from llmtap.demo.agent import check_answer
     from llmtap.correlation import base_url_for_run, rollout_id_from_run_body
+    from llmtap.demo.agent import check_answer
 
     question = body.get("question")
     if not isinstance(question, str):

@@ -21,9 +21,8 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlsplit
 
 from ..correlation import split_rollout_prefix
@@ -31,6 +30,7 @@ from ..errors import ConfigError, InvalidRolloutIdError
 
 # The capturing proxy's upstream seam: a keep-alive HTTP/1.1 pool that sends a request as given
 # (adding only host and content-length) and yields the body as it arrives, undecoded.
+from ..server.asgi import Receive, Scope, Send, serve_lifespan
 from ..server.http1 import UpstreamClosed, UpstreamProtocolError, UpstreamReadTimeout
 from ..server.upstream import Http1Transport, UpstreamResponse, UpstreamTransport, UpstreamUnreachable
 from .framing import DEFAULT_MAX_MESSAGE_BYTES, PREFIX_BYTES, OversizedMessage, SSEFramer
@@ -39,11 +39,6 @@ from .recorder import Recorder
 from .records import ToolCallRecord, digest
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "McpHttpProxy", "UpstreamEndpoint", "forwarded_headers", "run_http_proxy"]
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_SESSIONS = 1024
@@ -172,7 +167,7 @@ class McpHttpProxy:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await serve_lifespan(receive, send, self.close)
             return
         if scope["type"] != "http":
             return
@@ -226,17 +221,6 @@ class McpHttpProxy:
             parts.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(parts)
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.close()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
 
 class _Exchange:
     """One client request: forward it, stream the answer back, and record what it carried."""

@@ -25,7 +25,7 @@ from ..exchange import Exchange
 from ..export.prometheus import ServeMetrics
 from ..health import HEALTH, CaptureHealth
 from ..store import CaptureStore
-from .asgi import ASGIApp, Receive, Scope, Send
+from .asgi import ASGIApp, Receive, Scope, Send, serve_lifespan
 from .capture_dir import check_capture_dir
 from .config import ServeConfig, UpstreamConfig
 from .health_endpoint import HEALTH_PATH
@@ -168,7 +168,7 @@ class ProxyApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await serve_lifespan(receive, send, self.aclose)
             return
         if scope["type"] != "http":
             return
@@ -201,17 +201,6 @@ class ProxyApp:
             if upstream.selects(dialect.name if dialect else None, model):
                 return upstream
         return self.default
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.aclose()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
 
 class _Forwarding:
     """One request's trip upstream and back, stopped early if the client disconnects."""
