@@ -58,7 +58,7 @@ from llmtap.rollouts.observations import OBSERVATIONS_KEY, InvocationRecorder, O
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from openai import AsyncOpenAI
 
-__all__ = ["ADD_TOOL", "AGENT_SOURCE", "SimpleAgentConfig", "TaskError", "build_app", "check_answer", "run_task"]
+__all__ = ["ADD_TOOL", "AGENT_SOURCE", "SYSTEM_PROMPT", "SimpleAgentConfig", "TaskError", "build_app", "check_answer", "run_task"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ ADD_TOOL: dict[str, Any] = {
     },
 }
 _FORCE_ADD = {"type": "function", "function": {"name": "add"}}
-_SYSTEM_PROMPT = "You are a careful calculator. Use the add tool for sums, then state the result as a number."
+SYSTEM_PROMPT = "You are a careful calculator. Use the add tool for sums, then state the result as a number."
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _IDENTITY_KEYS = (TASK_INDEX_KEY, ROLLOUT_INDEX_KEY, ATTEMPT_INDEX_KEY, ROLLOUT_ID_KEY)
 
@@ -251,7 +251,7 @@ async def run_task(client: AsyncOpenAI, config: SimpleAgentConfig, body: Mapping
     recorder = ObservationRecorder(source=AGENT_SOURCE)
     if config.model_ref is None:
         recorder.gap("model_call_reference_unavailable", "the agent was not told the model server's model_ref")
-    loop = _Loop([{"role": "system", "content": _SYSTEM_PROMPT}, {"role": "user", "content": task.question}])
+    loop = _Loop([{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.question}])
     try:
         with rollout_context(rollout_id), recorder.invocation("main", agent="simple") as main:
             try:

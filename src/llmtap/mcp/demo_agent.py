@@ -25,21 +25,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from llmtap.demo.agent import ADD_TOOL, SYSTEM_PROMPT, check_answer
+
 __all__ = ["ADD_TOOL", "McpAgentConfig", "build_app", "main", "mcp_url_for_run"]
 
-ADD_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers and return their sum.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
-_SYSTEM_PROMPT = "You are a careful calculator. Use the add tool for sums, then state the result as a number."
 
 
 class McpAgentConfig:
@@ -81,7 +70,6 @@ async def _call_tool(url: str, name: str, arguments: str) -> tuple[str, bool]:
 async def run_task(client: Any, config: McpAgentConfig, body: Mapping[str, Any]) -> dict[str, Any]:
     """Run one task; the result carries `response` (the last model response as sent), `reward` and `turns`."""
     from llmtap.correlation import base_url_for_run, rollout_id_from_run_body
-    from llmtap.demo.agent import check_answer
 
     question = body.get("question")
     if not isinstance(question, str):
@@ -89,7 +77,7 @@ async def run_task(client: Any, config: McpAgentConfig, body: Mapping[str, Any])
     rollout_id = rollout_id_from_run_body(body)
     model = client.with_options(base_url=base_url_for_run(config.model_url, body) + "/v1")
     tools_url = mcp_url_for_run(config.mcp_url, rollout_id)
-    messages: list[dict[str, Any]] = [{"role": "system", "content": _SYSTEM_PROMPT}, {"role": "user", "content": question}]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
     response: dict[str, Any] = {}
     turns = 0
     for turn in range(config.max_turns):
