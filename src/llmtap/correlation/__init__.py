@@ -12,9 +12,7 @@ checking an id loads neither the store nor asyncio.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
+from llmtap._lazy import lazy_exports
 
 _EXPORTS = {
     "ATTEMPT_INDEX_KEY": "rollout",
@@ -50,16 +48,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'llmtap.correlation' has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(f"llmtap.correlation.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports("llmtap.correlation", _EXPORTS, globals())

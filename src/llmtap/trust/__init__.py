@@ -13,9 +13,7 @@ signing code.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
+from llmtap._lazy import lazy_exports
 
 _EXPORTS = {
     "PROOF_NAME": "proof",
@@ -45,16 +43,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'llmtap.trust' has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(f"llmtap.trust.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports("llmtap.trust", _EXPORTS, globals())
