@@ -23,7 +23,7 @@ from llmtap.dialects.history import (
 )
 from llmtap.exchange import Exchange
 from llmtap.records import raw_line_from_exchange
-from llmtap.rollouts.fingerprint import fingerprint
+from llmtap.records.fingerprint import fingerprint
 from tests.fixtures import RecordedExchange, all_fixtures, fixture
 
 # Recorded follow-up requests that replay an earlier recorded call's input and output.

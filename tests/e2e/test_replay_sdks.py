@@ -2,8 +2,8 @@
 
 The program is recorded under `llmtap run` against the replay upstream; the upstream is then
 stopped and the program replayed from its capsule: its output must be identical, every response
-body the same bytes (streams) or the same JSON value (JSON bodies, which the line keeps parsed),
-and the network guard must have refused nothing (no connection was attempted). A program whose
+body the same bytes (streams compared whole; JSON bodies, which the line keeps parsed, by the
+CRC-32 both captures took of the bytes the client received), and the network guard must have refused nothing (no connection was attempted). A program whose
 prompt changed fails with the miss error naming the field.
 """
 
@@ -118,7 +118,7 @@ def test_a_replayed_program_gets_every_response_from_the_recording_with_the_upst
     report = json.loads(replayed.stdout[replayed.stdout.index("\n{") + 1 :])
     assert replayed.stdout[: len(output)] == output
     assert report["ok"] is True and report["served"] == EXPECTED_CALLS and report["misses"] == []
-    assert report["network_refused"] == [] and report["unserved"] == []
+    assert report["network_refused"] == [] and report["unserved"] == [] and report["reencoded"] == []
     [new] = _capsules(tmp_path / "replayed")
     manifest = json.loads((new / "capsule.json").read_text())
     assert manifest["replay_of"] == str(capsule) and manifest["replay_mode"] == "mocked"
@@ -128,6 +128,8 @@ def test_a_replayed_program_gets_every_response_from_the_recording_with_the_upst
     for old, fresh in zip(before, after):
         assert fresh["status_code"] == old["status_code"]
         assert _body(fresh) == _body(old)  # streams: the same bytes; JSON: the same value, ids included
+        if not old.get("stream"):  # and the same bytes: each capture checked what its client received
+            assert fresh["response_body_crc32"] == old["response_body_crc32"]
         recorded_headers = {k: v for k, v in old["http"]["response_headers"].items() if k not in ("content-length", "date", "server", "transfer-encoding")}
         assert {k: fresh["http"]["response_headers"].get(k) for k in recorded_headers} == recorded_headers
 

@@ -18,6 +18,7 @@ from llmtap.records import (
     decode_raw_field,
     raw_line_from_exchange,
 )
+from llmtap.records.json_layout import body_check, encode_as_recorded
 from tests.fixtures import RecordedExchange, all_fixtures, fixture
 
 EXPECTED_STATUS_CATEGORY = {400: "client_error", 401: "auth", 404: "not_found"}
@@ -62,6 +63,9 @@ def test_every_recorded_exchange_becomes_a_complete_line_and_record(recorded: Re
     else:
         assert line["response"] == json.loads(recorded.body_text)
         assert "response_raw" not in line
+        # The line's check of the bytes lets a replay send exactly these bytes again.
+        assert line["response_body_crc32"] == body_check(recorded.body_bytes)
+        assert encode_as_recorded(line["response"], line["response_body_crc32"]) == (recorded.body_bytes, True)
     # The line survives the JSONL round trip and normalizes without loss of identity.
     stored = orjson.loads(orjson.dumps(line))
     record = ModelCallRecord.from_raw_line(stored, 4)

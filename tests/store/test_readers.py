@@ -16,7 +16,7 @@ from llmtap.cli import main
 from llmtap.errors import CaptureRecordError
 from llmtap.exchange import Exchange
 from llmtap.records import raw_line_from_exchange
-from llmtap.rollouts.fingerprint import continuation_fingerprint
+from llmtap.records.fingerprint import continuation_fingerprint
 from llmtap.rollouts.terminal_reading import EntryView
 from llmtap.store import CaptureStore
 from llmtap.store.readers import aggregate_model_call_metrics, json_objects, read_model_call_records, read_rollout_calls
@@ -196,7 +196,7 @@ def test_llmtap_computes_its_own_continuation_fingerprint_at_read_time(tmp_path:
     store = CaptureStore(tmp_path)
     store.path_for("r").write_bytes(REFERENCE_CHAT_CALL + b"\n")
     (record,) = read_model_call_records(store, "r")
-    # The version-2 lineage bytes of the one model-authored turn, the answer "4" (see tests/rollouts/test_fingerprint.py).
+    # The version-2 lineage bytes of the one model-authored turn, the answer "4" (see tests/records/test_fingerprint.py).
     turn = b"nemo-gym-lineage" b"\x00" b"\x00\x00\x00\x00\x00\x00\x00\x04" b"text" b"\x01" b"\x00\x00\x00\x00\x00\x00\x00\x01" b"4"
     expected = hashlib.sha256(turn).hexdigest()
     assert record.continuation_fingerprint is None

@@ -29,6 +29,8 @@ __all__ = [
     "parse_arguments",
     "parse_event_data",
     "token_ids",
+    "WRITE_HEADROOM",
+    "writable",
     "writable_json",
 ]
 
@@ -229,9 +231,9 @@ def as_str(value: Any) -> str | None:
 
 # orjson reads JSON nested up to 1,024 levels but writes at most 254, so a value parsed from a
 # hostile body may never be written back. Source text with fewer brackets than this cannot nest
-# that deep; the levels a record and the rows holding it add are kept free by `_WRITE_HEADROOM`.
+# that deep; the levels a record and the rows holding it add are kept free by `WRITE_HEADROOM`.
 _SURELY_WRITABLE_BRACKETS = 200
-_WRITE_HEADROOM = 32
+WRITE_HEADROOM = 32
 
 
 def writable_json(value: Any, source: bytes | str) -> bool:
@@ -242,10 +244,15 @@ def writable_json(value: Any, source: bytes | str) -> bool:
         brackets = source.count(b"[") + source.count(b"{")
     else:
         brackets = source.count("[") + source.count("{")
-    if brackets < _SURELY_WRITABLE_BRACKETS:
-        return True
+    return brackets < _SURELY_WRITABLE_BRACKETS or writable(value)
+
+
+def writable(value: Any) -> bool:
+    """True when `value` can be written as JSON with `WRITE_HEADROOM` levels to spare: one trial
+    write, cheaper than `writable_json`'s counts when the source is much larger than the value
+    (a reassembled stream against its event stream)."""
     wrapped = value
-    for _ in range(_WRITE_HEADROOM):
+    for _ in range(WRITE_HEADROOM):
         wrapped = [wrapped]
     try:
         orjson.dumps(wrapped)

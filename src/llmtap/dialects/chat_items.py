@@ -34,6 +34,10 @@ def fingerprint_outputs(response: Mapping[str, Any]) -> list[list[Any]] | None:
     choices = response.get("choices")
     if not isinstance(choices, list):
         return None
+    if len(choices) == 1:  # the usual answer, read without sorting: the capture path fingerprints every call
+        choice = choices[0]
+        message = choice.get("message") if isinstance(choice, dict) else None
+        return [[message]] if isinstance(message, dict) else []
     ordered = _choices_in_order(choices)
     return [[choice["message"]] for _, choice in ordered if isinstance(choice.get("message"), dict)]
 

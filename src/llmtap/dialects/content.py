@@ -1,6 +1,6 @@
 """Where the three providers' item shapes hold model-authored content and tool calls, read raw.
 
-The content fingerprint (`rollouts.fingerprint`, specs/content-fingerprint.md) hashes a list of
+The content fingerprint (`records.fingerprint`, specs/content-fingerprint.md) hashes a list of
 items of any dialect, mixed freely: Responses items, chat messages, Anthropic messages. Which
 part types are text, which blocks are tool calls and where each shape keeps a call's id, name
 and arguments is provider knowledge, so it lives here; the fingerprint applies its canonical

@@ -16,11 +16,13 @@ from typing import Any
 import orjson
 
 from ..dialects import Dialect, dialect_for_path
-from ..dialects.base import writable_json
+from ..dialects.base import writable, writable_json
 from ..dialects.sse import SSEDecoder
 from ..exchange import Exchange, new_model_call_id
 from .categories import category_for_exception, category_for_status, status_from_exception
 from .content_coding import DEFAULT_MAX_DECODED_BYTES, DecodedTooLarge, UndecodableContent, decode_content
+from .fingerprint import FINGERPRINT_VERSION, FieldMemo, continuation_fingerprint
+from .json_layout import body_check
 
 __all__ = ["SCHEMA_VERSION", "StreamTracker", "decode_raw_field", "raw_line_from_exchange", "recorded_chunks"]
 
@@ -118,7 +120,9 @@ def raw_line_from_exchange(
 
     The shape is the spec's raw CaptureStore line plus `schema_version`, `stream` and
     `stream_truncated` for streams, `request_raw`/`response_raw` where a body is not a JSON object
-    or is a stream, and a few optional fields (`provider`, `rollout_id`, `http`, `sampling`,
+    or is a stream, `response_body_crc32` so a JSON response can be sent back byte for byte
+    (`records.json_layout`), `continuation_fingerprint` and `fingerprint_version` where both the request and
+    the response were read, and a few optional fields (`provider`, `rollout_id`, `http`, `sampling`,
     `exception_type`). Parsing problems become `capture_parse_error`, never an exception.
 
     An uncompressed stream also keeps `response_chunks`: `[offset_us, length]` per body chunk as it
@@ -149,6 +153,7 @@ def raw_line_from_exchange(
     _read_request(exchange, line)
     parse_failed, terminal, is_stream = _read_response(exchange, dialect, line, tracker, max_decoded_bytes)
     line["error_category"] = _categorize(exchange, line, parse_failed, terminal, is_stream)
+    _add_fingerprint(dialect, line)
     if is_stream:
         line["stream"] = True
         line["stream_truncated"] = terminal is None
@@ -207,13 +212,14 @@ def _read_response(
         outcome = tracker.outcome() if tracker is not None and not encoding else None
         if outcome is None:
             outcome = _reassemble(dialect, [body] if encoding else (chunk for _, chunk in exchange.response_chunks))
-        line["response"] = outcome.response if writable_json(outcome.response, body) else None
+        line["response"] = outcome.response if outcome.response is None or writable(outcome.response) else None
         return line["response"] is None and bool(body.strip()), outcome.terminal, True
     if not body:
         return False, None, False
     parsed = _json_object(body)
     if parsed is not None:
         line["response"] = parsed
+        line["response_body_crc32"] = body_check(body)  # lets a replay send these exact bytes (records.json_layout)
         return False, None, False
     line.update(_text_fields("response_raw", body))
     return True, None, False
@@ -247,6 +253,22 @@ def _categorize(
     if exchange.status_code is None:
         return "exception"
     return None
+
+
+# The turns of the conversations passing through this process, read once (see `FieldMemo`).
+_FINGERPRINT_MEMO = FieldMemo()
+
+
+def _add_fingerprint(dialect: Dialect | None, line: dict[str, Any]) -> None:
+    """Store the call's continuation fingerprint (specs/content-fingerprint.md, version 2), so a line
+    llmtap writes is a lineage row to the reference system's resolver as well as to llmtap's."""
+    request, response = line["request"], line["response"]
+    if dialect is None or request is None or response is None:
+        return
+    found = continuation_fingerprint(request, response, dialect=dialect, memo=_FINGERPRINT_MEMO)
+    if found is not None:
+        line["continuation_fingerprint"] = found
+        line["fingerprint_version"] = FINGERPRINT_VERSION
 
 
 def _add_context(exchange: Exchange, line: dict[str, Any]) -> None:

@@ -35,6 +35,7 @@ _LINE_FIELDS = frozenset(
         "request_raw_base64",
         "response_raw_base64",
         "response_decoding",
+        "response_body_crc32",
         "stream",
         "stream_truncated",
         "response_chunks",
@@ -74,7 +75,7 @@ class ModelCallRecord:
     Every field but `call_index` and the lists may be None, which always means unknown. The
     payload fields hold the raw request and response; `to_dict(include_payloads=False)` leaves
     them out for rollout attachments. `continuation_fingerprint` is the call's stored content
-    fingerprint (with `fingerprint_version`, see rollouts/fingerprint.py); `extra` keeps the
+    fingerprint (with `fingerprint_version`, see records/fingerprint.py); `extra` keeps the
     line's fields llmtap does not read (the reference system's `client_session_id`,
     `upstream_attempted`, ...), so reading a line never drops what its writer recorded.
     """

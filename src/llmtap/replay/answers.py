@@ -9,9 +9,10 @@ without them (older, or another tool's) is cut at its event boundaries (each SSE
 chunk): the first event after the recorded TTFT, the others spread evenly over the rest of the
 recorded latency, divided by `speed`.
 
-A JSON body comes back as the line holds it: the same JSON value with the same key order,
-written compactly (the line never kept the original whitespace). `content-length` is set to
-the length actually sent, and `content-encoding`/`transfer-encoding` are dropped, because the
+A JSON body comes back byte for byte: the line's `response` in the encoding whose length and
+CRC match its `response_body_crc32` (`records.json_layout`). Where none matches (a server's own
+spacing or escapes), or the line has no check (older, or another tool's), it comes back as the
+same JSON value with the same key order, written compactly, and `RecordedAnswer.exact` is False. `content-length` is set to the length actually sent, and `content-encoding`/`transfer-encoding` are dropped, because the
 recorded body is the decoded one.
 """
 
@@ -23,10 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from ..errors import LlmtapError
 from ..records import decode_raw_field, recorded_chunks
+from ..records.json_layout import encode_as_recorded
 
 __all__ = ["RecordedAnswer", "ReplayAnswerError", "answer_from_line", "split_events"]
 
@@ -44,12 +44,14 @@ class RecordedAnswer:
     """What a replay sends for one recorded call: status, headers (name, value pairs), and timed chunks.
 
     `chunks` is a tuple of (seconds to wait before the chunk, bytes); their join is the body.
+    `exact` is False when the body is the recorded JSON value re-encoded, not the recorded bytes.
     """
 
     status: int
     headers: tuple[tuple[str, str], ...]
     chunks: tuple[tuple[float, bytes], ...]
     stream: bool
+    exact: bool = True  # False when only the JSON value is the recorded one, not its bytes
 
     @property
     def body(self) -> bytes:
@@ -92,14 +94,15 @@ def _delays(count: int, line: Mapping[str, Any], speed: float) -> list[float]:
     return [first_s] + [gap] * (count - 1)
 
 
-def _body(line: Mapping[str, Any]) -> bytes:
+def _body(line: Mapping[str, Any]) -> tuple[bytes, bool]:
+    """The recorded body and whether it is the recorded bytes (not only the same JSON value)."""
     raw = decode_raw_field(line, "response_raw")
     if raw is not None:
-        return raw
+        return raw, True
     response = line.get("response")
     if response is None:
-        return b""
-    return orjson.dumps(response)
+        return b"", True
+    return encode_as_recorded(response, line.get("response_body_crc32"))
 
 
 def answer_from_line(line: Mapping[str, Any] | None, *, speed: float = 0.0) -> RecordedAnswer:
@@ -121,11 +124,11 @@ def answer_from_line(line: Mapping[str, Any] | None, *, speed: float = 0.0) -> R
         for name, value in (recorded.items() if isinstance(recorded, Mapping) else ())
         if isinstance(name, str) and isinstance(value, str) and name.lower() not in _WIRE_HEADERS
     ]
-    body = _body(line)
+    body, exact = _body(line)
     stream = bool(line.get("stream"))
     if not stream:
         headers.append(("content-length", str(len(body))))
-        return RecordedAnswer(status, tuple(headers), tuple(zip(_delays(1, line, speed), [body])), stream)
+        return RecordedAnswer(status, tuple(headers), tuple(zip(_delays(1, line, speed), [body])), stream, exact)
     chunks = recorded_chunks(line, body) if body else None
     if chunks is not None:
         arrivals = [arrival for arrival, _ in chunks]

@@ -134,10 +134,17 @@ class Replayer:
         if self.override is not None and (found.rollout_id, found.call_index) == self.override[:2]:
             line = {**(line or {}), **self.override[2]}
             replaced = True
+        answer = answer_from_line(line, speed=self.speed)
         self._event(
-            {"event": "served", "rollout_id": found.rollout_id, "call_index": found.call_index, "replaced": replaced}
+            {
+                "event": "served",
+                "rollout_id": found.rollout_id,
+                "call_index": found.call_index,
+                "replaced": replaced,
+                "exact_bytes": answer.exact,
+            }
         )
-        return answer_from_line(line, speed=self.speed)
+        return answer
 
     def _event(self, event: dict[str, Any]) -> None:
         """Append one event line (best effort: a replay report with a gap beats a failed workload)."""

@@ -56,6 +56,7 @@ def mocked_report(
     misses = [event for event in events if event.get("event") == "miss"]
     refused = [event for event in events if event.get("event") == "network_refused"]
     replaced = [event for event in events if event.get("event") == "served" and event.get("replaced")]
+    reencoded = [event for event in events if event.get("event") == "served" and event.get("exact_bytes") is False]
     unserved = [
         {"rollout_id": call.rollout_id, "call_index": call.call_index}
         for call in index
@@ -72,6 +73,8 @@ def mocked_report(
         "network_refused": [{"host": event.get("host"), "port": event.get("port")} for event in refused],
         "replaced": [{"rollout_id": event.get("rollout_id"), "call_index": event.get("call_index")} for event in replaced],
         "unserved": unserved,
+        # Served as the recorded JSON value, not its bytes (records.json_layout): said, not failed.
+        "reencoded": [{"rollout_id": event.get("rollout_id"), "call_index": event.get("call_index")} for event in reencoded],
         "workload_exit_code": exit_code,
         "ok": not misses and not refused and not unserved,
     }

@@ -6,7 +6,7 @@ independent witnesses (`WITNESSES`) testify which call produced the response: `e
 caller names a `model_call_id`; a miss is only an abstention), `declared` (the harness reports
 the response id it kept; unless exactly one call served it, selection stops), `response_id`,
 `item_id` (the last model-authored item's served id, with the same content) and `content`
-(the version-2 content fingerprint of `rollouts.fingerprint`, three readings pooled).
+(the version-2 content fingerprint of `records.fingerprint`, three readings pooled).
 
 A witness that cannot name exactly one call abstains. Claims are verified, never ranked:
 witnesses that agree, or that name calls with identical full token sequences, attribute (the
@@ -29,7 +29,13 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..dialects.history import served_response_id
-from .fingerprint import UnreadableContent, continuation_fingerprint, fingerprint, is_model_authored, output_fingerprint
+from ..records.fingerprint import (
+    UnreadableContent,
+    continuation_fingerprint,
+    fingerprint,
+    is_model_authored,
+    output_fingerprint,
+)
 from .terminal_reading import EntryView, content_key, field, read_response, served_item_id, text, trailing_block
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only

@@ -2,7 +2,7 @@
 
 A response is read as its raw items: the `output` list of a Responses object (non-object
 elements dropped), a chat completion's first choice message, or an Anthropic message itself;
-the items are then read by the content fingerprint's rules (`rollouts.fingerprint`). An entry,
+the items are then read by the content fingerprint's rules (`records.fingerprint`). An entry,
 a captured call, is read lazily (`EntryView`): its served response id, the served ids of its
 output items with their content keys, its own-output and continuation fingerprints (computed,
 or stored with a `fingerprint_version` that counts), and its sequence identity.
@@ -19,7 +19,7 @@ from typing import Any
 from ..dialects import DIALECTS, Dialect, Normalized
 from ..dialects.base import token_ids
 from ..dialects.history import fingerprint_outputs, fingerprint_request_items
-from .fingerprint import (
+from ..records.fingerprint import (
     UnreadableContent,
     canonical_arguments,
     fingerprint,

@@ -12,13 +12,15 @@ import hashlib
 import json
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmtap.errors import LlmtapError
-from llmtap.rollouts.fingerprint import (
+from llmtap.records.fingerprint import (
     FINGERPRINT_VERSION,
+    FieldMemo,
     UnreadableContent,
     canonical_arguments,
     canonical_json,
@@ -496,3 +498,51 @@ def test_the_chat_responses_and_anthropic_shapes_of_one_turn_fingerprint_identic
     assert output_fingerprint({"choices": [{"index": 0, "message": chat}]}, dialect="chat") == expected
     assert output_fingerprint({"output": responses}, dialect="responses") == expected
     assert output_fingerprint(anthropic, dialect="messages") == expected
+
+
+def _turns(text: str, calls: list[tuple[str, str, dict[str, Any], int | None]]) -> list[dict[str, Any]]:
+    """One turn in each shape, so the memo sees chat, Responses and Anthropic items alike."""
+    chat = {
+        "role": "assistant",
+        "content": text or None,
+        "tool_calls": [
+            {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args, indent=indent)}}
+            for cid, name, args, indent in calls
+        ],
+    }
+    responses = [{"type": "function_call", "call_id": cid, "name": name, "arguments": json.dumps(args)} for cid, name, args, _ in calls]
+    anthropic = {"role": "assistant", "content": [{"type": "tool_use", "id": cid, "name": name, "input": args} for cid, name, args, _ in calls]}
+    return [chat, *responses, anthropic, {"role": "user", "content": text}]
+
+
+@settings(max_examples=200, deadline=None)
+@given(turns=st.lists(st.tuples(encodable_text, tool_calls), min_size=1, max_size=4), limit=st.sampled_from([64, 10**6]))
+def test_the_memo_never_changes_a_fingerprint_whatever_it_holds(
+    turns: list[tuple[str, list[tuple[str, str, dict[str, Any], int | None]]]], limit: int
+) -> None:
+    """Each growing conversation, as an agent's successive requests send it, with a memo shared by all
+    (and one so small it keeps starting over): the same fingerprints as without one."""
+    memo = FieldMemo(limit_bytes=limit)
+    conversation: list[dict[str, Any]] = []
+    for text, calls in turns:
+        conversation.extend(_turns(text, calls))
+        items = orjson.loads(orjson.dumps(conversation))  # as the capture path holds them: parsed by orjson
+        assert fingerprint(items, memo=memo) == fingerprint(items)
+    assert memo._bytes <= max(limit, 0) or len(memo) == 1
+
+
+def test_the_memo_reads_each_repeated_turn_once_and_stays_within_its_bound() -> None:
+    turn = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": '{"b": 1, "a": 2}'}}]}
+    memo = FieldMemo(limit_bytes=4096)
+    first = fingerprint([turn], memo=memo)
+    assert len(memo) == 1 and fingerprint([dict(turn)], memo=memo) == first == fingerprint([turn])
+    for index in range(200):  # new turns push it past its bound: it starts over rather than grow
+        fingerprint([{**turn, "tool_calls": [{"id": f"c{index}", "function": {"name": "f", "arguments": "{}"}}]}], memo=memo)
+    assert memo._bytes <= 4096 and 0 < len(memo) < 200
+
+
+def test_unreadable_items_are_unreadable_with_a_memo_too() -> None:
+    memo = FieldMemo()
+    with pytest.raises(UnreadableContent):
+        fingerprint([{"role": "assistant", "content": 5}], memo=memo)
+    assert len(memo) == 0

@@ -31,11 +31,12 @@ from typing import Any
 
 import orjson
 
+from ..dialects import DIALECTS, Dialect
 from ..dialects.content import UnreadableContent, content_parts, tool_calls
-from ..dialects.history import fingerprint_outputs, fingerprint_request_items
 
 __all__ = [
     "FINGERPRINT_VERSION",
+    "FieldMemo",
     "ItemContent",
     "UnreadableContent",
     "canonical_arguments",
@@ -109,38 +110,96 @@ def read_item(item: Mapping[str, Any]) -> ItemContent:
     return ItemContent(parts, calls)
 
 
-def _feed(hasher: Any, tag: bytes, value: str) -> None:
+def _field(tag: bytes, value: str) -> bytes:
+    """One field as the hash reads it: the tag byte, the UTF-8 length as 8 big-endian bytes, the bytes."""
     try:
         encoded = value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise UnreadableContent("A content field holds text that is not encodable as UTF-8.") from exc
-    hasher.update(tag)
-    hasher.update(len(encoded).to_bytes(8, "big"))
-    hasher.update(encoded)
+    return tag + len(encoded).to_bytes(8, "big") + encoded
 
 
-def fingerprint(items: Iterable[Any]) -> str:
+# The fields of a plain text part but its payload, computed once: the common case on the capture path.
+_TEXT_PART_TYPE = _field(_PART_TYPE, "text")
+
+
+def _item_fields(item: dict[str, Any]) -> bytes:
+    """What one model-authored item feeds the hash: its content parts, then its tool calls, joined."""
+    fields: list[bytes] = []
+    for part_type, payload in content_parts(item.get("content")):
+        fields.append(_field(_PART_TYPE, part_type))
+        text = payload if type(payload) is str else canonical_json(payload)  # a "text" block without a string text is JSON
+        fields.append(_field(_PART_PAYLOAD, text))
+    for call_id, name, arguments in tool_calls(item):
+        fields.append(_field(_CALL_ID, call_id))
+        fields.append(_field(_CALL_NAME, name))
+        fields.append(_field(_CALL_ARGUMENTS, canonical_arguments(arguments)))
+    return b"".join(fields)
+
+
+class FieldMemo:
+    """The fields of model-authored items already read, by each item's compact JSON.
+
+    An agent's every request repeats the conversation so far, so without this each call would
+    re-read (and re-canonicalize the tool arguments of) every earlier turn: quadratic in the
+    rollout's length. Keyed by the item's bytes, the fields are a function of the key alone, for
+    values parsed by orjson (no NaN or Infinity, which orjson would write as null; the capture
+    path's lines are). Bounded by `limit_bytes` of keys and fields: full, it starts over. Safe
+    to share between threads (each step is one dictionary operation; the size is approximate).
+    """
+
+    __slots__ = ("_fields", "_bytes", "limit_bytes")
+
+    def __init__(self, limit_bytes: int = 8 * 1024 * 1024) -> None:
+        self._fields: dict[bytes, bytes] = {}
+        self._bytes = 0
+        self.limit_bytes = limit_bytes
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def fields(self, item: dict[str, Any]) -> bytes:
+        try:
+            key = orjson.dumps(item)
+        except orjson.JSONEncodeError:  # not writable as a key (a non-string key, a huge integer): read it
+            return _item_fields(item)
+        found = self._fields.get(key)
+        if found is None:
+            found = _item_fields(item)
+            size = len(key) + len(found)
+            if self._bytes + size > self.limit_bytes:
+                self._fields.clear()
+                self._bytes = 0
+            self._fields[key] = found
+            self._bytes += size
+        return found
+
+
+def fingerprint(items: Iterable[Any], *, memo: FieldMemo | None = None) -> str:
     """Fingerprint the model-authored items of a list, in order: 64 hex characters, or "" when there are none.
 
     Raises UnreadableContent when an element is not an object or an item breaks the page's rules.
+    This runs on the capture path for every call (`records.line` stores each call's continuation
+    fingerprint), so the fields are joined and hashed once, an item whose content is a plain
+    string with no tool calls (most chat turns) skips the general readers, and `memo` keeps
+    what the other items feed from one call to the next.
     """
-    hasher = hashlib.sha256(_DOMAIN)
+    fields: list[bytes] = [_DOMAIN]
     count = 0
     for item in items:
         if not isinstance(item, dict):
             raise UnreadableContent(f"An item is a {type(item).__name__}, not a JSON object.")
-        if not is_model_authored(item):
+        if item.get("role") != "assistant" and item.get("type") != "function_call":  # is_model_authored, inlined
             continue
         count += 1
-        content = read_item(item)
-        for part_type, payload in content.parts:
-            _feed(hasher, _PART_TYPE, part_type)
-            _feed(hasher, _PART_PAYLOAD, payload)
-        for call_id, name, arguments in content.calls:
-            _feed(hasher, _CALL_ID, call_id)
-            _feed(hasher, _CALL_NAME, name)
-            _feed(hasher, _CALL_ARGUMENTS, arguments)
-    return hasher.hexdigest() if count else ""
+        content = item.get("content")
+        if type(content) is str and not item.get("tool_calls") and item.get("type") != "function_call":
+            if content:
+                fields.append(_TEXT_PART_TYPE)
+                fields.append(_field(_PART_PAYLOAD, content))
+        else:
+            fields.append(_item_fields(item) if memo is None else memo.fields(item))
+    return hashlib.sha256(b"".join(fields)).hexdigest() if count else ""
 
 
 def version_counts(version: Any, *, custody: bool) -> bool:
@@ -157,37 +216,55 @@ def version_counts(version: Any, *, custody: bool) -> bool:
     return isinstance(version, int) and version == FINGERPRINT_VERSION
 
 
-def _first_output(dialect: str | None, response: Any) -> list[Any] | None:
-    outputs = fingerprint_outputs(dialect, response)
+def _dialect(dialect: Dialect | str | None) -> Dialect | None:
+    return DIALECTS.get(dialect) if isinstance(dialect, str) else dialect
+
+
+def _is_object(value: Any) -> bool:
+    return isinstance(value, dict) or isinstance(value, Mapping)  # a dict first: the ABC check costs far more
+
+
+def _first_output(dialect: Dialect | None, response: Any) -> list[Any] | None:
+    if dialect is None or not _is_object(response):
+        return None
+    outputs = dialect.fingerprint_outputs(response)
     return outputs[0] if outputs else None
 
 
-def output_fingerprint(response: Any, *, dialect: str | None) -> str | None:
+def output_fingerprint(response: Any, *, dialect: Dialect | str | None) -> str | None:
     """Fingerprint a response's own output (a custody row's `output_fingerprint`).
 
     A chat response with several choices is read by its first choice in index order. Returns
     None when the dialect or shape is unknown or the output is unreadable; never raises.
     """
     try:
-        output = _first_output(dialect, response)
+        output = _first_output(_dialect(dialect), response)
         return None if output is None else fingerprint(output)
     except UnreadableContent:
         return None
 
 
-def continuation_fingerprint(request: Any, response: Any, *, dialect: str | None) -> str | None:
+def continuation_fingerprint(
+    request: Any, response: Any, *, dialect: Dialect | str | None, memo: FieldMemo | None = None
+) -> str | None:
     """Fingerprint a call's request items followed by its output (`continuation_fingerprint`, version 2).
 
     The request items are what the model server received for the call (Responses `input`, chat
     or Messages `messages`); their non-model turns drop out, so this is the model-authored spine
-    of the conversation so far plus this call's output. Store it with `fingerprint_version` =
-    `FINGERPRINT_VERSION`. None when either side is unknown or unreadable; never raises.
+    of the conversation so far plus this call's output. `dialect` is a dialect or its name;
+    `memo` (see `FieldMemo`) saves re-reading the turns earlier calls already read.
+    Store it with `fingerprint_version` = `FINGERPRINT_VERSION`: `records.line` does, on every
+    line it writes. None when either side is unknown or unreadable; never raises.
     """
+    found = _dialect(dialect)
+    if found is None or not _is_object(request):
+        return None
     try:
-        request_items = fingerprint_request_items(dialect, request)
-        output = _first_output(dialect, response)
+        request_items = found.fingerprint_request_items(request)
+        output = _first_output(found, response)
         if request_items is None or output is None:
             return None
-        return fingerprint([*request_items, *output])
+        request_items.extend(output)  # the dialect's list is a fresh copy
+        return fingerprint(request_items, memo=memo)
     except UnreadableContent:
         return None
