@@ -190,6 +190,29 @@ def test_the_reference_reader_on_llmtaps_store_reads_the_same_records_and_metric
         assert metrics["latency_total_ms"] == pytest.approx(theirs[rollout_id]["metrics"]["latency_total_ms"])
 
 
+def test_the_continuation_fingerprint_llmtap_stores_is_the_one_the_reference_computes(
+    served_capture: dict[str, Any], reference: ReferenceDriver
+) -> None:
+    """Every line `llmtap serve` wrote carries `continuation_fingerprint` with version 2, and the
+    reference's own `assistant_fingerprint` of the same call's request items and output gives
+    exactly those bytes: llmtap's captures are lineage rows the reference resolver can match."""
+    from llmtap.dialects import get_dialect
+
+    lines = []
+    with CaptureStore(served_capture["dir"]) as store:
+        for rollout_id in store.rollouts():
+            lines.extend(line for _, line in store.read(rollout_id).entries)
+    item_lists = []
+    for line in lines:
+        dialect = get_dialect(line["dialect"])
+        item_lists.append([*dialect.fingerprint_request_items(line["request"]), *dialect.fingerprint_outputs(line["response"])[0]])
+    theirs = reference("fingerprint_items", {"item_lists": item_lists})
+    assert len(lines) == 4 and theirs["version"] == 2
+    assert [line["fingerprint_version"] for line in lines] == [2] * 4
+    assert [line["continuation_fingerprint"] for line in lines] == theirs["fingerprints"]
+    assert all(len(found) == 64 for found in theirs["fingerprints"])
+
+
 # --- llmtap's reader on a directory the reference's own middleware and store wrote ---------------
 
 
