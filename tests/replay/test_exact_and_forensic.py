@@ -62,3 +62,59 @@ def test_forensic_lists_the_calls_in_order_without_sending_anything(recording: P
     assert [call["call_index"] for call in report["calls"]] == [0, 1]
     assert report["calls"][1]["answer_excerpt"] == "Oi!" and report["calls"][1]["status_code"] == 200
     assert replay_upstream.request_count == 0
+
+
+def _run_cli(args: list[str]) -> Any:
+    from click.testing import CliRunner
+
+    from llmtap.cli import main
+
+    return CliRunner().invoke(main, args, catch_exceptions=False)
+
+
+def test_an_exact_replay_writes_a_capsule_with_its_report_and_the_live_answers_diffable_with_the_recording(
+    recording: Path, replay_upstream: Any, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    result = _run_cli(["replay", str(recording), "--mode", "exact", "--endpoint", replay_upstream.base_url,
+                       "--capsule-dir", str(runs), "--json"])
+    assert result.exit_code == 1  # one call could not be checked (no seed): never a pass
+    report = json.loads(result.output)
+    [capsule] = list(runs.iterdir())
+    assert report["capsule"] == str(capsule)
+    manifest = json.loads((capsule / "capsule.json").read_text())
+    assert manifest["replay_of"] == str(recording.resolve()) and manifest["replay_mode"] == "exact"
+    assert manifest["capture_mode"] == "replay-exact" and manifest["counts"]["model_calls"] == 1
+    written = json.loads((capsule / "replay-report.json").read_text())
+    assert written["mode"] == "exact" and written["reproduced"] == 1 and written["capsule"] == str(capsule)
+    [line] = [json.loads(text) for text in (capsule / "calls" / "default.capture.jsonl").read_text().splitlines()]
+    assert line["replayed_call"] == {"rollout_id": "default", "call_index": 0}
+    assert line["response"] == json.loads(SEEDED.body_text) if not SEEDED.is_stream else line["stream"] is True
+    # The recording and today's answers compare like any two runs: the re-run call pairs with its recording.
+    diffed = _run_cli(["diff", str(recording), str(capsule), "--json"])
+    [rollout] = json.loads(diffed.output)["rollouts"]
+    assert rollout["counts"] == {"unchanged": 1, "changed": 0, "added": 0, "removed": 1}
+    assert [(call["status"], call["call_index"]) for call in rollout["calls"]] == [("removed", 1)]  # the unseeded one
+
+
+def test_a_forensic_replay_writes_its_report_into_a_new_capsule_and_runs_nothing(
+    recording: Path, replay_upstream: Any, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    result = _run_cli(["replay", str(recording), "--mode", "forensic", "--capsule-dir", str(runs), "--json"])
+    assert result.exit_code == 0, result.output
+    [capsule] = list(runs.iterdir())
+    written = json.loads((capsule / "replay-report.json").read_text())
+    assert written["mode"] == "forensic" and [call["call_index"] for call in written["calls"]] == [0, 1]
+    manifest = json.loads((capsule / "capsule.json").read_text())
+    assert manifest["status"] == "success" and manifest["replay_mode"] == "forensic"
+    assert manifest["counts"]["model_calls"] == 0 and replay_upstream.request_count == 0
+
+
+def test_an_exact_replay_whose_key_is_missing_makes_no_capsule(recording: Path, tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.delenv("LLMTAP_TEST_NO_SUCH_KEY", raising=False)
+    runs = tmp_path / "runs"
+    result = _run_cli(["replay", str(recording), "--mode", "exact", "--endpoint", "http://127.0.0.1:9",
+                          "--api-key-env", "LLMTAP_TEST_NO_SUCH_KEY", "--capsule-dir", str(runs)])
+    assert result.exit_code == 2 and "LLMTAP_TEST_NO_SUCH_KEY" in result.output
+    assert not runs.exists() or list(runs.iterdir()) == []

@@ -30,7 +30,7 @@ __all__ = ["replay"]
 @click.option("--endpoint", default=None, help="Exact: the base URL to re-send the recorded requests to.")
 @click.option("--api-key-env", default=None, help="Exact: the environment variable holding --endpoint's API key.")
 @click.option("--report", "report_file", type=click.Path(dir_okay=False), default=None,
-              help="Forensic and exact: also write the report as JSON to this file.")
+              help="Also write the report as JSON to this file (it is always in the new capsule too).")
 @click.option("--capsule-dir", type=click.Path(file_okay=False), default=None, help="Where the new capsule goes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the replay report as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="Do not echo the program's output.")
@@ -51,7 +51,9 @@ def replay(
     """Replay RECORDING (a capsule or capture directory): run COMMAND with every model call answered from it.
 
     The replayed run is captured into a new capsule naming RECORDING; its replay-report.json
-    lists what was served, missed and never asked for. Exits non-zero on any miss.
+    lists what was served, missed and never asked for. Exits non-zero on any miss. Forensic and
+    exact replays write their report into a new capsule too (exact with the live answers as its
+    calls, so `llmtap diff RECORDING NEW_CAPSULE` shows what changed).
     """
     from ..errors import LlmtapError
     from ..replay.report import summary_text
@@ -59,10 +61,21 @@ def replay(
     mode = mode or ("intervention" if replace_file else "mocked")
     try:
         if mode == "forensic" or mode == "exact":
-            from ..replay.exact import exact_run
+            from ..replay.exact import exact_credentials, exact_run
             from ..replay.modes import forensic_report
+            from ..replay.report_capsule import report_into_capsule
 
-            report = forensic_report(recording) if mode == "forensic" else exact_run(recording, endpoint, api_key_env=api_key_env)
+            if mode == "forensic":
+                listed = forensic_report(recording)  # an unreadable recording stops here, before a capsule is made
+                _, report = report_into_capsule(mode, recording, lambda _store: listed, runs_dir=capsule_dir)
+            else:
+                exact_credentials(endpoint, api_key_env)  # a missing key stops here, before a capsule is made
+                _, report = report_into_capsule(
+                    mode,
+                    recording,
+                    lambda store: exact_run(recording, endpoint, api_key_env=api_key_env, store=store),
+                    runs_dir=capsule_dir,
+                )
             exit_code = 0 if report.get("ok", True) else 1
             if report_file is not None:
                 Path(report_file).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from .matching import RecordedCall, RecordingIndex, json_differences
 from .modes import exact_eligibility, forensic_report
 
-__all__ = ["exact_run", "outcome_of"]
+__all__ = ["exact_credentials", "exact_run", "outcome_of"]
 
 _KEPT_HEADERS = ("anthropic-version", "anthropic-beta", "openai-beta")
 
@@ -57,8 +57,8 @@ def _headers(call: RecordedCall, api_key: str | None) -> dict[str, str]:
     return headers
 
 
-def _send(call: RecordedCall, endpoint: str, api_key: str | None, timeout: float) -> Any:
-    """Send the recorded request and read the answer as a captured call (a `ModelCallRecord`)."""
+def _send(call: RecordedCall, endpoint: str, api_key: str | None, timeout: float) -> tuple[dict[str, Any], Any]:
+    """Send the recorded request; return the answer as a captured call: its line and its `ModelCallRecord`."""
     import httpx
 
     from ..exchange import Exchange
@@ -77,19 +77,35 @@ def _send(call: RecordedCall, endpoint: str, api_key: str | None, timeout: float
         exchange.response_headers.pop("content-encoding", None)  # iter_bytes decodes
         for chunk in response.iter_bytes():
             exchange.add_response_chunk(chunk)
+    exchange.extra = {"replayed_call": {"rollout_id": call.rollout_id, "call_index": call.call_index}}
     new_line = raw_line_from_exchange(exchange)
-    return ModelCallRecord.from_raw_line(new_line, call.call_index)
+    return new_line, ModelCallRecord.from_raw_line(new_line, call.call_index)
 
 
-def exact_run(
-    source: str | Path, endpoint: str | None, *, api_key_env: str | None = None, timeout: float = 120.0
-) -> dict[str, Any]:
-    """The exact-replay report: per recorded call its eligibility and, where sent, whether the answer reproduced."""
+def exact_credentials(endpoint: str | None, api_key_env: str | None) -> str | None:
+    """The API key an exact replay sends to `endpoint` (None for none); ConfigError when the options disagree."""
     if api_key_env is not None and endpoint is None:
         raise ConfigError("An exact replay sends the API key only to an endpoint you name: pass --endpoint with --api-key-env.")
     api_key = os.environ.get(api_key_env) if api_key_env else None
     if api_key_env and api_key is None:
         raise ConfigError(f"The environment variable {api_key_env} is not set; set it to the endpoint's API key.")
+    return api_key
+
+
+def exact_run(
+    source: str | Path,
+    endpoint: str | None,
+    *,
+    api_key_env: str | None = None,
+    timeout: float = 120.0,
+    store: Any = None,
+) -> dict[str, Any]:
+    """The exact-replay report: per recorded call its eligibility and, where sent, whether the answer reproduced.
+
+    With `store` (a CaptureStore), each answer the endpoint gave is appended to it as a captured
+    call under the recorded call's rollout, its line naming the call it re-ran (`replayed_call`).
+    """
+    api_key = exact_credentials(endpoint, api_key_env)
     import httpx
 
     report = forensic_report(source)
@@ -104,10 +120,12 @@ def exact_run(
             row["not_checked"] = "no --endpoint was given to re-run it against"
             continue
         try:
-            fresh = _send(call, endpoint, api_key, timeout)
+            fresh_line, fresh = _send(call, endpoint, api_key, timeout)
         except (httpx.HTTPError, OSError, ValueError) as exc:  # reported per call: the other calls are still checked
             row["not_checked"] = f"the request failed ({type(exc).__name__})"
             continue
+        if store is not None:
+            store.append(call.rollout_id, fresh_line)
         if fresh.status_code != call.record.status_code:
             row["reproduced"] = False
             row["differences"] = [{"pointer": "/status_code", "before": str(call.record.status_code), "after": str(fresh.status_code)}]
