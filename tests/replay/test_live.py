@@ -165,3 +165,37 @@ def test_an_intervention_file_is_checked_before_use(tmp_path: Path) -> None:
         bad.write_text(text)
         with pytest.raises(InterventionError):
             load_override(bad)
+
+
+def test_a_tool_result_intervention_file_is_read_and_checked(tmp_path: Path) -> None:
+    from llmtap.replay.intervention import ToolResultOverride
+
+    path = tmp_path / "tool.json"
+    path.write_text(json.dumps({"tool": "search", "text": "no results", "is_error": True}))
+    assert load_override(path) == ToolResultOverride(
+        "search", 0, {"content": [{"type": "text", "text": "no results"}], "structuredContent": {"result": "no results"}, "isError": True}
+    )
+    given = {"content": [{"type": "image", "data": "AA==", "mimeType": "image/png"}], "isError": False}
+    path.write_text(json.dumps({"tool": "draw", "occurrence": 2, "result": given}))
+    assert load_override(path) == ToolResultOverride("draw", 2, given)
+    for bad in (
+        {"tool": "", "text": "x"},
+        {"tool": "search", "occurrence": -1, "text": "x"},
+        {"tool": "search", "occurrence": True, "text": "x"},
+        {"tool": "search"},
+        {"tool": "search", "result": {"content": "text"}},
+        {"tool": "search", "result": {"content": [{"text": "no type"}]}},
+    ):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(InterventionError):
+            load_override(path)
+
+
+def test_the_replayer_replaces_only_the_named_occurrence_of_the_named_tool(recording: Path, tmp_path: Path) -> None:
+    from llmtap.replay.intervention import ToolResultOverride
+
+    result = {"content": [{"type": "text", "text": "X"}], "isError": False}
+    replayer = Replayer(RecordingIndex.from_path(recording), override=ToolResultOverride("search", 1, result), events_path=tmp_path / "e.jsonl")
+    assert replayer.override is None
+    assert [replayer.tool_result(name) for name in ("search", "other", "search", "search")] == [None, None, result, None]
+    assert [event for event in read_events(tmp_path / "e.jsonl") if event["event"] == "tool_result_replaced"][0]["occurrence"] == 1

@@ -17,7 +17,16 @@ import sys
 from contextvars import ContextVar, Token
 from typing import Any, Callable, ClassVar
 
-__all__ = ["Hook", "Patch", "claim_call", "inside_hooked_call", "recorded_answer", "release_call", "wrapped_original"]
+__all__ = [
+    "Hook",
+    "Patch",
+    "claim_call",
+    "inside_hooked_call",
+    "recorded_answer",
+    "release_call",
+    "replaced_tool_result",
+    "wrapped_original",
+]
 
 logger = logging.getLogger("llmtap.capture")
 
@@ -48,6 +57,15 @@ def recorded_answer(call: Any) -> Any:
     """
     live = sys.modules.get("llmtap.replay.live")
     return None if live is None else live.replay_answer(call)
+
+
+def replaced_tool_result(tool: Any) -> Any:
+    """The result an intervention replay gives this MCP tool call instead of its server's, else None.
+
+    Like `recorded_answer`: one dictionary lookup when no replay was ever started.
+    """
+    live = sys.modules.get("llmtap.replay.live")
+    return None if live is None else live.replaced_tool_result(tool)
 
 
 def wrapped_original(function: Any) -> Any:

@@ -5,7 +5,9 @@ or through `mcp.client.Client`) goes through `ClientSession.send_request`, so th
 the choke point patched here. A `tools/call`, `tools/list`, `resources/read` or `prompts/get`
 becomes one `ToolCallRecord` (`mcp.records`: tool name, arguments, bounded result, `isError`,
 status, timing, the JSON-RPC error), the same line the proxies write; other requests
-(`initialize`, `ping`) pass untouched. The result is described from what the SDK returned (its
+(`initialize`, `ping`) pass untouched. Under an intervention replay that replaces a tool result
+(`replay.intervention`), that `tools/call` is answered here without asking the server, and its
+record says so (`protocol.replay = "replaced"`). The result is described from what the SDK returned (its
 model dumped as JSON), never by reading the wire.
 
 Where the record goes: under `llmtap run`, one spool frame (`spool.frame.KIND_TOOL_CALL`) that the
@@ -22,7 +24,7 @@ import time
 import weakref
 from typing import Any
 
-from .base import Hook, Patch
+from .base import Hook, Patch, replaced_tool_result
 
 __all__ = ["RECORDED_METHODS", "McpClientHook"]
 
@@ -149,16 +151,20 @@ def _make_send_request(original: Any) -> Any:
         method, params = _request_fields(request)
         if method is None or params is None:
             return await original(self, request, *args, **kwargs)
+        # An intervention replay may answer this tool call itself ("what if the tool had returned X").
+        replaced = replaced_tool_result(params.get("name")) if method == "tools/call" else None
         session = record = None
         try:
             session, record = _new_record(self, method, params)
         except Exception as exc:
             _count_failure(exc)
         if record is None:
-            return await original(self, request, *args, **kwargs)
+            return replaced if replaced is not None else await original(self, request, *args, **kwargs)
+        if replaced is not None:
+            record.protocol["replay"] = "replaced"  # the server was not asked: the intervention answered
         started = time.monotonic()
         try:
-            result = await original(self, request, *args, **kwargs)
+            result = replaced if replaced is not None else await original(self, request, *args, **kwargs)
         except BaseException as exc:
             await _finish(session, record, started, None, exc)
             raise

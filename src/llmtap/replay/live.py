@@ -36,6 +36,7 @@ from .matching import Miss, RecordedCall, RecordingIndex
 
 if TYPE_CHECKING:
     from ..hooks.call import CapturedCall
+    from .intervention import Override
 
 __all__ = [
     "EVENTS_NAME",
@@ -45,6 +46,7 @@ __all__ = [
     "Replayer",
     "active_replayer",
     "replay_answer",
+    "replaced_tool_result",
     "set_replayer",
     "start_from_environment",
 ]
@@ -52,7 +54,7 @@ __all__ = [
 REPLAY_ENV = "LLMTAP_REPLAY_SOURCE"
 SPEED_ENV = "LLMTAP_REPLAY_SPEED"
 ON_MISS_ENV = "LLMTAP_REPLAY_ON_MISS"
-OVERRIDE_ENV = "LLMTAP_REPLAY_OVERRIDE"  # a JSON file: {"rollout_id", "call_index", "response_line"}
+OVERRIDE_ENV = "LLMTAP_REPLAY_OVERRIDE"  # an intervention file (see `intervention`)
 EVENTS_NAME = "replay-events.jsonl"
 OnMiss = Literal["error", "passthrough"]
 
@@ -77,15 +79,19 @@ class Replayer:
         speed: float = 0.0,
         on_miss: OnMiss = "error",
         events_path: str | os.PathLike[str] | None = None,
-        override: tuple[str, int, dict[str, Any]] | None = None,
+        override: Override | None = None,
     ) -> None:
+        from .intervention import ToolResultOverride
+
         self.index = index
         self.speed = speed
         self.on_miss: OnMiss = on_miss
         self.events_path = Path(events_path) if events_path is not None else None
-        self.override = override
+        self.tool_override = override if isinstance(override, ToolResultOverride) else None
+        self.override = None if isinstance(override, ToolResultOverride) else override
         self.misses: list[Miss] = []
         self.served = 0
+        self._tool_calls_seen: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def install_guard(self, registry: Any = None) -> Any:
@@ -146,6 +152,22 @@ class Replayer:
         )
         return answer
 
+    def tool_result(self, tool: str) -> dict[str, Any] | None:
+        """The result that replaces this MCP tool call's (as `CallToolResult` JSON), or None to call the server.
+
+        Counts each tool's calls in this process, so the intervention's `occurrence` picks one.
+        """
+        override = self.tool_override
+        if override is None or tool != override.tool:
+            return None
+        with self._lock:
+            occurrence = self._tool_calls_seen.get(tool, 0)
+            self._tool_calls_seen[tool] = occurrence + 1
+        if occurrence != override.occurrence:
+            return None
+        self._event({"event": "tool_result_replaced", "tool": tool, "occurrence": occurrence})
+        return override.result
+
     def _event(self, event: dict[str, Any]) -> None:
         """Append one event line (best effort: a replay report with a gap beats a failed workload)."""
         if self.events_path is None:
@@ -181,7 +203,27 @@ def replay_answer(call: CapturedCall) -> RecordedAnswer | None:
     return replayer.answer(exchange.rollout_id or "default", exchange.path, exchange.request_body)
 
 
-def _override_from(path: str) -> tuple[str, int, dict[str, Any]] | None:
+def replaced_tool_result(tool: Any) -> Any:
+    """The MCP hook's question: an `mcp.types.CallToolResult` that answers this `tools/call` instead
+    of the server (an intervention replay), or None to send it. Raises `InterventionError` when the
+    file's result is not one the SDK accepts."""
+    replayer = _replayer
+    if replayer is None or replayer.tool_override is None or not isinstance(tool, str):
+        return None
+    result = replayer.tool_result(tool)
+    if result is None:
+        return None
+    from mcp import types
+
+    from .intervention import InterventionError
+
+    try:
+        return types.CallToolResult.model_validate(result)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise InterventionError(f"The intervention's result for tool {tool!r} is not an MCP CallToolResult: {exc}") from exc
+
+
+def _override_from(path: str) -> Override | None:
     from .intervention import load_override
 
     return load_override(Path(path))

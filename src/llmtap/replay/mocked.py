@@ -79,6 +79,9 @@ def replay_command(
     )
     report = holder.get("report") or {"mode": mode, "ok": False}
     report["workload_exit_code"] = result.exit_code
-    failed = bool(report.get("misses")) or bool(report.get("network_refused"))
+    if mode == "intervention":
+        failed = not report.get("ok")
+    else:
+        failed = bool(report.get("misses")) or bool(report.get("network_refused"))
     exit_code = result.exit_code if result.exit_code != 0 else (EXIT_REPLAY_FAILED if failed else 0)
     return ReplayResult(exit_code, result.capsule, report)

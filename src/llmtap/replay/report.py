@@ -4,7 +4,8 @@ Written by every mode (`mocked`, `intervention`, `exact`, `forensic`) as `replay
 in the capsule the replay made. It states only what was checked: a miss is listed with the
 closest recorded call and the differing fields; recorded calls the run never asked for are
 listed as unserved; `ok` is true only when there was no miss, no refused connection, and
-nothing left unserved.
+nothing left unserved. An intervention is ok when its replacement was used, nothing was refused,
+and every miss after it went to the live model (`--on-miss passthrough`).
 """
 
 from __future__ import annotations
@@ -57,27 +58,37 @@ def mocked_report(
     refused = [event for event in events if event.get("event") == "network_refused"]
     replaced = [event for event in events if event.get("event") == "served" and event.get("replaced")]
     reencoded = [event for event in events if event.get("event") == "served" and event.get("exact_bytes") is False]
+    tools_replaced = [event for event in events if event.get("event") == "tool_result_replaced"]
+    passthrough = sum(1 for event in events if event.get("event") == "passthrough")
     unserved = [
         {"rollout_id": call.rollout_id, "call_index": call.call_index}
         for call in index
         if (call.rollout_id, call.call_index) not in served
     ]
-    return {
+    report = {
         "mode": mode,
         "replay_of": str(source),
         "match_key_version": MATCH_KEY_VERSION,
         "recorded_calls": sum(1 for _ in index),
         "served": len(served),
         "misses": [{key: value for key, value in miss.items() if key not in ("event", "pid")} for miss in misses],
-        "passthrough": sum(1 for event in events if event.get("event") == "passthrough"),
+        "passthrough": passthrough,
         "network_refused": [{"host": event.get("host"), "port": event.get("port")} for event in refused],
         "replaced": [{"rollout_id": event.get("rollout_id"), "call_index": event.get("call_index")} for event in replaced],
+        "replaced_tool_results": [{"tool": event.get("tool"), "occurrence": event.get("occurrence")} for event in tools_replaced],
         "unserved": unserved,
         # Served as the recorded JSON value, not its bytes (records.json_layout): said, not failed.
         "reencoded": [{"rollout_id": event.get("rollout_id"), "call_index": event.get("call_index")} for event in reencoded],
         "workload_exit_code": exit_code,
         "ok": not misses and not refused and not unserved,
     }
+    if mode == "intervention":
+        # The run is meant to leave the recording once the replacement is in: its misses are the
+        # experiment when they went to the live model, and the recorded calls after them go unasked.
+        applied = bool(replaced or tools_replaced)
+        report["intervention_applied"] = applied
+        report["ok"] = applied and not refused and len(misses) <= passthrough
+    return report
 
 
 def write_report(capsule: Path, report: dict[str, Any]) -> Path:
@@ -112,6 +123,14 @@ def summary_text(report: dict[str, Any]) -> str:
             lines.append(f"    {difference.get('pointer')}: recorded {difference.get('before')}, now {difference.get('after')}")
     for refused in report.get("network_refused", []):
         lines.append(f"  REFUSED a connection to {refused.get('host')}:{refused.get('port')}")
+    for replaced in report.get("replaced", []):
+        lines.append(f"  REPLACED the answer of {replaced.get('rollout_id')}#{replaced.get('call_index')}")
+    for replaced in report.get("replaced_tool_results", []):
+        lines.append(f"  REPLACED the result of tool {replaced.get('tool')!r} (its call {replaced.get('occurrence')})")
+    if report.get("intervention_applied") is False:
+        lines.append("  the intervention never applied: no call it names was made")
+    if report.get("reencoded"):
+        lines.append(f"  {len(report['reencoded'])} JSON answers were sent as the recorded value, not the recorded bytes")
     if report.get("unserved"):
         lines.append(f"  {len(report['unserved'])} recorded calls were never asked for")
     lines.append("  ok" if report.get("ok") else "  NOT ok")
