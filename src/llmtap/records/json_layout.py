@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["body_check", "encode_as_recorded"]
+__all__ = ["body_check", "check_in_layout", "encode_as_recorded", "layout_matching"]
 
 _GO_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
 
@@ -59,23 +59,46 @@ def body_check(body: bytes) -> int:
     return zlib.crc32(body)
 
 
+def _match(value: Any, check: Any) -> tuple[int, bool, bytes] | None:
+    if type(check) is not int or not 0 <= check < 2**32:
+        return None
+    for index, layout in enumerate(_LAYOUTS):
+        try:
+            written = layout(value)
+        except (TypeError, ValueError, RecursionError):
+            continue
+        crc = zlib.crc32(written)
+        if crc == check:
+            return index, False, written
+        if zlib.crc32(b"\n", crc) == check:
+            return index, True, written + b"\n"
+    return None
+
+
+def layout_matching(value: Any, check: Any) -> tuple[int, bool] | None:
+    """The layout (its index, and whether a final newline follows) that writes `value` with this check, or None."""
+    found = _match(value, check)
+    return None if found is None else found[:2]
+
+
+def check_in_layout(value: Any, layout: tuple[int, bool]) -> int | None:
+    """The check of `value` written in `layout` (as `layout_matching` gave it); None when it cannot be written so.
+
+    Redaction uses it: a redacted response keeps its server's layout, so a replay still finds it.
+    """
+    index, newline = layout
+    try:
+        written = _LAYOUTS[index](value)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return body_check(written + b"\n" if newline else written)
+
+
 def encode_as_recorded(value: Any, check: Any) -> tuple[bytes, bool]:
     """Return (`value` encoded as the recorded body, True) when a layout matches `check`, else (compact, False).
 
     A 32-bit check picks among a dozen encodings of one value: a wrong pick by collision has odds
     of about one in 400 million, and would still be the recorded value.
     """
-    compact = orjson.dumps(value)
-    if type(check) is not int or not 0 <= check < 2**32:
-        return compact, False
-    for index, layout in enumerate(_LAYOUTS):
-        try:
-            written = compact if index == 0 else layout(value)
-        except (TypeError, ValueError, RecursionError):
-            continue
-        crc = zlib.crc32(written)
-        if crc == check:
-            return written, True
-        if zlib.crc32(b"\n", crc) == check:
-            return written + b"\n", True
-    return compact, False
+    found = _match(value, check)
+    return (orjson.dumps(value), False) if found is None else (found[2], True)
