@@ -55,18 +55,23 @@ def _report(stdout: str) -> dict[str, Any]:
     return json.loads(stdout[stdout.index("\n{") + 1 :])
 
 
-def test_a_replaced_tool_result_reaches_the_agent_and_the_next_call_goes_live(tmp_path: Path) -> None:
+def _record(tmp_path: Path, upstream: ReplayUpstream, override: dict[str, Any]) -> tuple[Path, Path, Path, dict[str, str]]:
+    """Record the agent under `llmtap run`; return (its script, its capsule, the override file, the environment)."""
     script = tmp_path / "agent.py"
     script.write_text(AGENT)
-    override = tmp_path / "tool.json"
-    override.write_text(json.dumps({"tool": "echo", "occurrence": 0, "text": "what if"}))
+    override_file = tmp_path / "tool.json"
+    override_file.write_text(json.dumps(override))
+    env = dict(os.environ, REPLAY_BASE=upstream.base_url)
+    recorded = _llmtap(["run", "--capsule-dir", str(tmp_path / "recorded"), "--", sys.executable, str(script)], env, tmp_path)
+    assert recorded.returncode == 0, recorded.stderr
+    assert json.loads(recorded.stdout.splitlines()[0]) == ["Oi!", "Oi!", "Oi!"]
+    upstream.reset()
+    return script, _capsule(tmp_path / "recorded"), override_file, env
+
+
+def test_a_replaced_tool_result_reaches_the_agent_and_the_next_call_goes_live(tmp_path: Path) -> None:
     with ReplayUpstream().start() as upstream:
-        env = dict(os.environ, REPLAY_BASE=upstream.base_url)
-        recorded = _llmtap(["run", "--capsule-dir", str(tmp_path / "recorded"), "--", sys.executable, str(script)], env, tmp_path)
-        assert recorded.returncode == 0, recorded.stderr
-        assert json.loads(recorded.stdout.splitlines()[0]) == ["Oi!", "Oi!", "Oi!"]
-        capsule = _capsule(tmp_path / "recorded")
-        upstream.reset()
+        script, capsule, override, env = _record(tmp_path, upstream, {"tool": "echo", "occurrence": 0, "text": "what if"})
 
         # Without a live endpoint for what follows, the replay fails at the call the replacement changed.
         strict = _llmtap(
@@ -100,15 +105,10 @@ def test_a_replaced_tool_result_reaches_the_agent_and_the_next_call_goes_live(tm
 
 
 def test_a_tool_intervention_that_never_applies_fails_the_replay(tmp_path: Path) -> None:
-    script = tmp_path / "agent.py"
-    script.write_text(AGENT)
-    override = tmp_path / "tool.json"
-    override.write_text(json.dumps({"tool": "echo", "occurrence": 5, "text": "never used"}))
     with ReplayUpstream().start() as upstream:
-        env = dict(os.environ, REPLAY_BASE=upstream.base_url)
-        assert _llmtap(["run", "--capsule-dir", str(tmp_path / "recorded"), "--", sys.executable, str(script)], env, tmp_path).returncode == 0
+        script, capsule, override, env = _record(tmp_path, upstream, {"tool": "echo", "occurrence": 5, "text": "never used"})
     replayed = _llmtap(
-        ["replay", str(_capsule(tmp_path / "recorded")), "--replace", str(override), "--capsule-dir", str(tmp_path / "replayed"),
+        ["replay", str(capsule), "--replace", str(override), "--capsule-dir", str(tmp_path / "replayed"),
          "--json", "--", sys.executable, str(script)],
         env,
         tmp_path,

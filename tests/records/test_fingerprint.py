@@ -460,12 +460,9 @@ tool_calls = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(text=encodable_text, calls=tool_calls, user=encodable_text)
-def test_the_chat_responses_and_anthropic_shapes_of_one_turn_fingerprint_identically(
-    text: str, calls: list[tuple[str, str, dict[str, Any], int | None]], user: str
-) -> None:
-    chat = {
+def _chat_turn(text: str, calls: list[tuple[str, str, dict[str, Any], int | None]]) -> dict[str, Any]:
+    """An assistant chat message with this text and these tool calls (arguments as JSON text, indented or not)."""
+    return {
         "role": "assistant",
         "content": text or None,
         "tool_calls": [
@@ -473,6 +470,14 @@ def test_the_chat_responses_and_anthropic_shapes_of_one_turn_fingerprint_identic
             for cid, name, args, indent in calls
         ],
     }
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=encodable_text, calls=tool_calls, user=encodable_text)
+def test_the_chat_responses_and_anthropic_shapes_of_one_turn_fingerprint_identically(
+    text: str, calls: list[tuple[str, str, dict[str, Any], int | None]], user: str
+) -> None:
+    chat = _chat_turn(text, calls)
     responses = [
         {"type": "message", "id": "msg_1", "role": "assistant", "content": [{"type": "output_text", "text": text}]},
         *(
@@ -502,14 +507,7 @@ def test_the_chat_responses_and_anthropic_shapes_of_one_turn_fingerprint_identic
 
 def _turns(text: str, calls: list[tuple[str, str, dict[str, Any], int | None]]) -> list[dict[str, Any]]:
     """One turn in each shape, so the memo sees chat, Responses and Anthropic items alike."""
-    chat = {
-        "role": "assistant",
-        "content": text or None,
-        "tool_calls": [
-            {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args, indent=indent)}}
-            for cid, name, args, indent in calls
-        ],
-    }
+    chat = _chat_turn(text, calls)
     responses = [{"type": "function_call", "call_id": cid, "name": name, "arguments": json.dumps(args)} for cid, name, args, _ in calls]
     anthropic = {"role": "assistant", "content": [{"type": "tool_use", "id": cid, "name": name, "input": args} for cid, name, args, _ in calls]}
     return [chat, *responses, anthropic, {"role": "user", "content": text}]
