@@ -17,6 +17,7 @@ from .sse import SSEEvent
 
 __all__ = [
     "FINISH_REASONS",
+    "WRITE_HEADROOM",
     "Dialect",
     "HostedToolCall",
     "Normalized",
@@ -29,7 +30,6 @@ __all__ = [
     "parse_arguments",
     "parse_event_data",
     "token_ids",
-    "WRITE_HEADROOM",
     "writable",
     "writable_json",
 ]

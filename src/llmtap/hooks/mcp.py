@@ -7,8 +7,8 @@ becomes one `ToolCallRecord` (`mcp.records`: tool name, arguments, bounded resul
 status, timing, the JSON-RPC error), the same line the proxies write; other requests
 (`initialize`, `ping`) pass untouched. Under an intervention replay that replaces a tool result
 (`replay.intervention`), that `tools/call` is answered here without asking the server, and its
-record says so (`protocol.replay = "replaced"`). The result is described from what the SDK returned (its
-model dumped as JSON), never by reading the wire.
+record says so (`protocol.replay = "replaced"`). The result is described from what the SDK returned
+(its model dumped as JSON), never by reading the wire.
 
 Where the record goes: under `llmtap run`, one spool frame (`spool.frame.KIND_TOOL_CALL`) that the
 run's recorder appends to the capsule's `tool-calls.jsonl`; under `llmtap.capture()`,

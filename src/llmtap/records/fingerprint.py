@@ -16,9 +16,10 @@ calls unreadable raises `UnreadableContent`, which every caller turns into an ab
 
 The same turn in chat, Responses and Anthropic shape feeds the same fields, so it fingerprints
 identically. Which list of raw items a request or response holds is provider knowledge and lives
-in `dialects.history` (`fingerprint_request_items`, `fingerprint_outputs`), as does where each
+in each dialect (`Dialect.fingerprint_request_items`, `fingerprint_outputs`), as does where each
 item shape keeps its text parts and tool calls (`dialects.content`); this module applies the
-page's canonical forms and bytes to what they read.
+page's canonical forms and bytes to what they read. `records.line` stores each call's
+continuation fingerprint on the line it builds, so this runs on the capture path.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ FINGERPRINT_VERSION = 2
 
 _DOMAIN = b"nemo-gym-lineage"
 _PART_TYPE, _PART_PAYLOAD, _CALL_ID, _CALL_NAME, _CALL_ARGUMENTS = b"\x00", b"\x01", b"\x02", b"\x03", b"\x04"
+
+
 @dataclass(frozen=True, slots=True)
 class ItemContent:
     """What one model-authored item feeds the hash: typed content parts, then tool calls."""
@@ -128,7 +131,8 @@ def _item_fields(item: dict[str, Any]) -> bytes:
     fields: list[bytes] = []
     for part_type, payload in content_parts(item.get("content")):
         fields.append(_field(_PART_TYPE, part_type))
-        text = payload if type(payload) is str else canonical_json(payload)  # a "text" block without a string text is JSON
+        # A "text" block without a string text is not a text part: its canonical JSON is the payload.
+        text = payload if type(payload) is str else canonical_json(payload)
         fields.append(_field(_PART_PAYLOAD, text))
     for call_id, name, arguments in tool_calls(item):
         fields.append(_field(_CALL_ID, call_id))

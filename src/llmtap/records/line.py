@@ -121,9 +121,9 @@ def raw_line_from_exchange(
     The shape is the spec's raw CaptureStore line plus `schema_version`, `stream` and
     `stream_truncated` for streams, `request_raw`/`response_raw` where a body is not a JSON object
     or is a stream, `response_body_crc32` so a JSON response can be sent back byte for byte
-    (`records.json_layout`), `continuation_fingerprint` and `fingerprint_version` where both the request and
-    the response were read, and a few optional fields (`provider`, `rollout_id`, `http`, `sampling`,
-    `exception_type`). Parsing problems become `capture_parse_error`, never an exception.
+    (`records.json_layout`), `continuation_fingerprint` and `fingerprint_version` where both the
+    request and the response were read, and a few optional fields (`provider`, `rollout_id`,
+    `http`, `sampling`, `exception_type`). Parsing problems become `capture_parse_error`, never an exception.
 
     An uncompressed stream also keeps `response_chunks`: `[offset_us, length]` per body chunk as it
     arrived (offset from the call's start), so `response_raw` can be cut back into the chunks the

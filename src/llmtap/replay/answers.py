@@ -12,8 +12,9 @@ recorded latency, divided by `speed`.
 A JSON body comes back byte for byte: the line's `response` in the encoding whose length and
 CRC match its `response_body_crc32` (`records.json_layout`). Where none matches (a server's own
 spacing or escapes), or the line has no check (older, or another tool's), it comes back as the
-same JSON value with the same key order, written compactly, and `RecordedAnswer.exact` is False. `content-length` is set to the length actually sent, and `content-encoding`/`transfer-encoding` are dropped, because the
-recorded body is the decoded one.
+same JSON value with the same key order, written compactly, and `RecordedAnswer.exact` is
+False. `content-length` is set to the length actually sent, and `content-encoding` and
+`transfer-encoding` are dropped, because the recorded body is the decoded one.
 """
 
 from __future__ import annotations

@@ -77,19 +77,26 @@ def _read_bounded(path: Path) -> bytes:
 
 def _tool_override(path: Path, value: dict[str, Any]) -> ToolResultOverride:
     tool, occurrence = value.get("tool"), value.get("occurrence", 0)
-    if not isinstance(tool, str) or not tool or isinstance(occurrence, bool) or not isinstance(occurrence, int) or occurrence < 0:
+    counted = isinstance(occurrence, int) and not isinstance(occurrence, bool) and occurrence >= 0
+    if not isinstance(tool, str) or not tool or not counted:
         raise InterventionError(
-            f"The intervention file '{path}' must name 'tool' (a tool name) and may give 'occurrence' (an integer from 0)."
+            f"The intervention file '{path}' must name 'tool' (a tool name) "
+            "and may give 'occurrence' (an integer from 0)."
         )
     if isinstance(value.get("text"), str):
         text = value["text"]
         # The SDK's own form for a tool that returns a string: a text block, and {"result": text}
         # as structured content (which a client checks against a tool's output schema).
-        result: Any = {"content": [{"type": "text", "text": text}], "structuredContent": {"result": text}, "isError": value.get("is_error") is True}
+        result: Any = {
+            "content": [{"type": "text", "text": text}],
+            "structuredContent": {"result": text},
+            "isError": value.get("is_error") is True,
+        }
     else:
         result = value.get("result")
     content = result.get("content") if isinstance(result, dict) else None
-    if not isinstance(content, list) or not all(isinstance(block, dict) and isinstance(block.get("type"), str) for block in content):
+    typed = isinstance(content, list) and all(isinstance(b, dict) and isinstance(b.get("type"), str) for b in content)
+    if not typed:
         raise InterventionError(
             f"The intervention file '{path}' must give the tool's result as 'text' (a string) or 'result' "
             "(an MCP CallToolResult: an object whose 'content' lists blocks with a 'type')."
@@ -119,7 +126,13 @@ def load_override(path: Path) -> Override:
         fields.update({"response_raw": value["response_raw"], "response": None})
     elif isinstance(value.get("response"), dict):
         fields.update(
-            {"response": value["response"], "response_raw": None, "response_raw_base64": None, "response_body_crc32": None, "stream": False}
+            {
+                "response": value["response"],
+                "response_raw": None,
+                "response_raw_base64": None,
+                "response_body_crc32": None,  # the recorded body's check: not this one's
+                "stream": False,
+            }
         )
     else:
         raise InterventionError(

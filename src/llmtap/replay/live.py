@@ -220,7 +220,9 @@ def replaced_tool_result(tool: Any) -> Any:
     try:
         return types.CallToolResult.model_validate(result)
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
-        raise InterventionError(f"The intervention's result for tool {tool!r} is not an MCP CallToolResult: {exc}") from exc
+        raise InterventionError(
+            f"The intervention's result for tool {tool!r} is not an MCP CallToolResult: {exc}"
+        ) from exc
 
 
 def _override_from(path: str) -> Override | None:

@@ -75,10 +75,10 @@ def mocked_report(
         "passthrough": passthrough,
         "network_refused": [{"host": event.get("host"), "port": event.get("port")} for event in refused],
         "replaced": [{"rollout_id": event.get("rollout_id"), "call_index": event.get("call_index")} for event in replaced],
-        "replaced_tool_results": [{"tool": event.get("tool"), "occurrence": event.get("occurrence")} for event in tools_replaced],
+        "replaced_tool_results": [{"tool": e.get("tool"), "occurrence": e.get("occurrence")} for e in tools_replaced],
         "unserved": unserved,
         # Served as the recorded JSON value, not its bytes (records.json_layout): said, not failed.
-        "reencoded": [{"rollout_id": event.get("rollout_id"), "call_index": event.get("call_index")} for event in reencoded],
+        "reencoded": [{"rollout_id": e.get("rollout_id"), "call_index": e.get("call_index")} for e in reencoded],
         "workload_exit_code": exit_code,
         "ok": not misses and not refused and not unserved,
     }
@@ -130,7 +130,8 @@ def summary_text(report: dict[str, Any]) -> str:
     if report.get("intervention_applied") is False:
         lines.append("  the intervention never applied: no call it names was made")
     if report.get("reencoded"):
-        lines.append(f"  {len(report['reencoded'])} JSON answers were sent as the recorded value, not the recorded bytes")
+        count = len(report["reencoded"])
+        lines.append(f"  {count} JSON answers were sent as the recorded value, not the recorded bytes")
     if report.get("unserved"):
         lines.append(f"  {len(report['unserved'])} recorded calls were never asked for")
     lines.append("  ok" if report.get("ok") else "  NOT ok")

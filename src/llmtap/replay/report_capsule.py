@@ -44,7 +44,12 @@ def report_into_capsule(
     started, started_mono = time.time(), time.perf_counter()
     paths = create_capsule(runs_dir, with_outputs=False)
     manifest = start_manifest(
-        paths, capture_mode=f"replay-{mode}", command=list(sys.argv), cwd=os.getcwd(), started_at=started, registry_source=None
+        paths,
+        capture_mode=f"replay-{mode}",
+        command=list(sys.argv),
+        cwd=os.getcwd(),
+        started_at=started,
+        registry_source=None,
     )
     manifest.update({"replay_of": str(source), "replay_mode": mode})
     store = CaptureStore(paths.calls, refuse_links=True)

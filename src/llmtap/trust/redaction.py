@@ -24,6 +24,7 @@ from llmtap.dialects import DIALECTS
 from llmtap.errors import LlmtapError
 from llmtap.records import StreamTracker
 
+from .content_digests import rederive_digests
 from .secrets import Finding, marker, scan_text, scan_value
 
 __all__ = ["FindingSink", "RedactionError", "redact_json_text", "redact_record_line", "redact_text"]
@@ -203,51 +204,10 @@ def redact_record_line(line: bytes, sink: FindingSink = _ignore, where: list[str
     else:
         new_text = redact_json_text(text, sink, where, stream_dialect=_stream_dialect(record))
         if new_text != text and isinstance(record, dict):
-            new_text = _rederive_digests(record, new_text)
+            new_text = rederive_digests(record, new_text)
     if new_text == text:
         return line
     return new_text.encode("utf-8", "surrogateescape") + ending
-
-
-def _rederive_digests(original: dict[str, Any], text: str) -> str:
-    """Recompute, from the redacted record, the digests its line keeps of its content.
-
-    A capture line keeps `continuation_fingerprint` (SHA-256 of the model's turns) and
-    `response_body_crc32` (of the response's bytes). Left as computed before redaction, either
-    would let anyone holding the file test guesses of a redacted secret against it. So both are
-    recomputed from the redacted request and response (the CRC in the layout the server wrote,
-    so a replay still sends the redacted body in it) or, when that cannot be done, set to null.
-    Each is replaced in its own token, like every redaction here; a line not written compactly
-    by llmtap is re-encoded whole instead.
-    """
-    if "continuation_fingerprint" not in original and "response_body_crc32" not in original:
-        return text
-    from llmtap.records.fingerprint import continuation_fingerprint
-    from llmtap.records.json_layout import check_in_layout, layout_matching
-
-    try:
-        redacted = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return text
-    if not isinstance(redacted, dict):
-        return text
-    updated: dict[str, Any] = {}
-    if "continuation_fingerprint" in original:
-        updated["continuation_fingerprint"] = continuation_fingerprint(
-            redacted.get("request"), redacted.get("response"), dialect=redacted.get("dialect") if isinstance(redacted.get("dialect"), str) else None
-        )
-    if "response_body_crc32" in original:
-        layout = layout_matching(original.get("response"), original.get("response_body_crc32"))
-        updated["response_body_crc32"] = None if layout is None else check_in_layout(redacted.get("response"), layout)
-    for key, value in updated.items():
-        old_token = f'"{key}":{orjson.dumps(original[key]).decode()}'
-        if text.count(old_token) != 1:
-            break
-        text = text.replace(old_token, f'"{key}":{orjson.dumps(value).decode()}')
-    else:
-        return text
-    redacted.update(updated)  # not llmtap's compact form: write the record again
-    return orjson.dumps(redacted).decode()
 
 
 # ---------------------------------------------------------------------------------------------
