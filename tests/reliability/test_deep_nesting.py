@@ -108,3 +108,34 @@ def test_ordinary_nesting_is_still_parsed() -> None:
     line = raw_line_from_exchange(chat_exchange(b'{"model":"m"}', body))
 
     assert line["response"] == orjson.loads(body) and "response_raw" not in line
+
+
+@pytest.mark.parametrize(("where", "levels"), [("response", 240), ("response", 600), ("request", 230), ("request", 900)])
+async def test_serve_builds_lines_unchecked_and_rebuilds_the_one_too_deep_to_write(
+    tmp_path: Path, where: str, levels: int
+) -> None:
+    """`llmtap serve` skips the bracket counts (`check_depth=False`): encoding the line checks its
+    depth, and a line that fails is built again with the checks, so the record is still stored,
+    the deep body kept as its exact text. 230 and 240 levels are writable alone but not with the
+    headroom rows need; 600 and 900 are not writable at all."""
+    from llmtap.health import CaptureHealth
+    from llmtap.server.middleware import CaptureMiddleware
+    from tests.server.asgi_harness import call_app, http_scope
+
+    deep = b'{"model":"m","deep":' + nested(levels) + b"}"
+    request, response = (deep, b'{"id":"x","choices":[]}') if where == "request" else (b'{"model":"m"}', deep)
+
+    async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": response})
+
+    health = CaptureHealth()
+    with CaptureStore(tmp_path / "calls") as store:
+        capture = CaptureMiddleware(app, store=store, health=health)
+        sent = await call_app(capture, http_scope("/ng-rollout/deep/v1/chat/completions"), request)
+        assert sent.status == 200 and sent.body == response
+        [record] = read_rollout_calls(store, "deep", strict=True).records
+    assert getattr(record, where) is None and getattr(record, f"{where}_raw") == deep.decode()
+    assert health.failures() == {}  # nothing lost: no record_write_failed

@@ -315,9 +315,9 @@ async def test_a_call_alone_in_the_server_lets_the_store_sync_on_the_loop(
     alone_flags: list[bool] = []
     real_append = store.append_async
 
-    async def spying_append(rollout_id, record, *, alone=False):  # type: ignore[no-untyped-def]
+    async def spying_append(rollout_id, record, *, alone=False, encoded=None):  # type: ignore[no-untyped-def]
         alone_flags.append(alone)
-        return await real_append(rollout_id, record, alone=alone)
+        return await real_append(rollout_id, record, alone=alone, encoded=encoded)
 
     monkeypatch.setattr(store, "append_async", spying_append)
     unprefixed_started, finish_unprefixed = asyncio.Event(), asyncio.Event()

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from ..dialects import Dialect, dialect_for_path
-from ..dialects.base import writable, writable_json
+from ..dialects.base import WRITE_HEADROOM, writable, writable_json
 from ..dialects.sse import SSEDecoder
 from ..exchange import Exchange, new_model_call_id
 from .categories import category_for_exception, category_for_status, status_from_exception
@@ -24,7 +24,14 @@ from .content_coding import DEFAULT_MAX_DECODED_BYTES, DecodedTooLarge, Undecoda
 from .fingerprint import FINGERPRINT_VERSION, FieldMemo, continuation_fingerprint
 from .json_layout import body_check
 
-__all__ = ["SCHEMA_VERSION", "StreamTracker", "decode_raw_field", "raw_line_from_exchange", "recorded_chunks"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "StreamTracker",
+    "decode_raw_field",
+    "encode_line",
+    "raw_line_from_exchange",
+    "recorded_chunks",
+]
 
 # Version of the persisted line. Readers accept every version up to this one (and lines without
 # a version, as written by the reference system, which read as version 0).
@@ -115,6 +122,7 @@ def raw_line_from_exchange(
     dialect: Dialect | None = None,
     tracker: StreamTracker | None = None,
     max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+    check_depth: bool = True,
 ) -> dict[str, Any]:
     """Build the persisted line for one finished call.
 
@@ -133,6 +141,13 @@ def raw_line_from_exchange(
     be decoded at all) the line keeps the raw bytes and says why in `response_decoding`:
     `{"content_encoding", "decoded": false, "reason": "decoded_size_limit" | "undecodable",
     "limit_bytes"}`. This is pure CPU: a capture point calls it off its event loop for a large body.
+
+    A body parsed from hostile JSON may nest too deep to be written back (orjson reads 1,024
+    levels, writes 254); with `check_depth` each parsed body is checked and one that is too deep
+    is kept as raw text. A capture point that encodes the line with `encode_line` may pass False
+    and skip those checks (two bracket counts of each body, about 3 instructions a byte): the
+    encode checks the whole line at once, and only when it fails is the line built again with
+    the checks.
     """
     exchange.finish()
     dialect = dialect or dialect_for_path(exchange.path, exact=False)
@@ -150,8 +165,8 @@ def raw_line_from_exchange(
         "request": None,
         "response": None,
     }
-    _read_request(exchange, line)
-    parse_failed, terminal, is_stream = _read_response(exchange, dialect, line, tracker, max_decoded_bytes)
+    _read_request(exchange, line, check_depth)
+    parse_failed, terminal, is_stream = _read_response(exchange, dialect, line, tracker, max_decoded_bytes, check_depth)
     line["error_category"] = _categorize(exchange, line, parse_failed, terminal, is_stream)
     _add_fingerprint(dialect, line)
     if is_stream:
@@ -164,20 +179,20 @@ def raw_line_from_exchange(
     return line
 
 
-def _json_object(body: bytes) -> dict[str, Any] | None:
+def _json_object(body: bytes, check_depth: bool) -> dict[str, Any] | None:
     """The body parsed, when it is a JSON object the store can write back; None for anything else."""
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    return parsed if isinstance(parsed, dict) and writable_json(parsed, body) else None
+    return parsed if isinstance(parsed, dict) and (not check_depth or writable_json(parsed, body)) else None
 
 
-def _read_request(exchange: Exchange, line: dict[str, Any]) -> None:
+def _read_request(exchange: Exchange, line: dict[str, Any], check_depth: bool) -> None:
     body = exchange.request_body
     if not body:
         return
-    parsed = _json_object(body)
+    parsed = _json_object(body, check_depth)
     if parsed is not None:
         line["request"] = parsed
     else:
@@ -190,6 +205,7 @@ def _read_response(
     line: dict[str, Any],
     tracker: StreamTracker | None,
     max_decoded_bytes: int,
+    check_depth: bool,
 ) -> tuple[bool, str | None, bool]:
     """Fill `response`/`response_raw`; return (parse failed, stream terminal, is stream)."""
     raw = exchange.response_body
@@ -212,11 +228,12 @@ def _read_response(
         outcome = tracker.outcome() if tracker is not None and not encoding else None
         if outcome is None:
             outcome = _reassemble(dialect, [body] if encoding else (chunk for _, chunk in exchange.response_chunks))
-        line["response"] = outcome.response if outcome.response is None or writable(outcome.response) else None
+        assembled = outcome.response
+        line["response"] = assembled if assembled is None or not check_depth or writable(assembled) else None
         return line["response"] is None and bool(body.strip()), outcome.terminal, True
     if not body:
         return False, None, False
-    parsed = _json_object(body)
+    parsed = _json_object(body, check_depth)
     if parsed is not None:
         line["response"] = parsed
         line["response_body_crc32"] = body_check(body)  # lets a replay send these exact bytes (records.json_layout)
@@ -289,6 +306,25 @@ def _add_context(exchange: Exchange, line: dict[str, Any]) -> None:
     }
     if exchange.extra:
         line.update({key: value for key, value in exchange.extra.items() if key not in line})
+
+
+# The line itself is one level; the rows that later hold it keep the rest of `WRITE_HEADROOM`.
+_LINE_WRAPS = WRITE_HEADROOM - 1
+
+
+def encode_line(line: Mapping[str, Any]) -> bytes | None:
+    """The line as the store writes it (compact JSON and a newline), or None when it cannot be written
+    with `WRITE_HEADROOM` levels to spare (a body nested too deep: build the line again with
+    `check_depth`). One encode, of the line inside `WRITE_HEADROOM - 1` lists, then the lists cut off.
+    """
+    wrapped: Any = line if isinstance(line, dict) else dict(line)
+    for _ in range(_LINE_WRAPS):
+        wrapped = [wrapped]
+    try:
+        data = orjson.dumps(wrapped)
+    except orjson.JSONEncodeError:  # too deep, or not JSON at all: the caller decides
+        return None
+    return data[_LINE_WRAPS:-_LINE_WRAPS] + b"\n"
 
 
 def decode_raw_field(line: Mapping[str, Any], name: str) -> bytes | None:

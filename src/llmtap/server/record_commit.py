@@ -19,6 +19,7 @@ import orjson
 from ..exchange import Exchange
 from ..health import CaptureHealth
 from ..records import StreamTracker, raw_line_from_exchange
+from ..records.line import encode_line
 from ..store import CaptureStore
 
 if TYPE_CHECKING:
@@ -82,8 +83,13 @@ class RecordCommitter:
             line = self._build_line_here(exchange, dialect, tracker, body_length)
             if line is None:
                 line = await self._build_line_off_loop(exchange, dialect, tracker)
+            encoded = encode_line(line)  # also the depth check the line was built without
+            if encoded is None:  # a body nested too deep (or a line that is no JSON): built again, checked
+                line = await self._build_line_off_loop(exchange, dialect, tracker, check_depth=True)
+                encoded = encode_line(line)
             if self.redact:
-                line, record_bytes = self._redacted(line)
+                line, encoded = self._redacted(line, encoded)
+                record_bytes = len(encoded) if encoded is not None else None
         except Exception as exc:
             self.health.failure("record_build_failed", "asgi", exc)
             if metrics is not None:
@@ -92,7 +98,7 @@ class RecordCommitter:
             return
         handed_over = time.perf_counter()
         try:
-            await store.append_async(exchange.rollout_id, line, alone=alone)
+            await store.append_async(exchange.rollout_id, line, alone=alone, encoded=encoded)
         except Exception as exc:
             self.health.failure("record_write_failed", "asgi", exc)
             if metrics is not None:
@@ -115,22 +121,23 @@ class RecordCommitter:
         if self.live_export is not None:
             self.live_export.submit(line, exchange.rollout_id)
 
-    def _redacted(self, line: dict[str, Any]) -> tuple[dict[str, Any], int]:
-        """The line with every secret the scanner finds replaced, and its encoded size.
+    def _redacted(self, line: dict[str, Any], encoded: bytes | None) -> tuple[dict[str, Any], bytes | None]:
+        """The line with every secret the scanner finds replaced, and its encoding.
 
-        The store takes a mapping and encodes it; the scanner reads the encoded line. With no
-        secret (the common case) the line goes on as it was, for the cost of one extra encode; a
-        line that changed is parsed back so the store writes exactly the redacted bytes.
+        The scanner reads the encoded line. With no secret (the common case) both go on as they
+        were; a line that changed is parsed back, for the observers, and the store writes exactly
+        the redacted bytes. A line that could not be encoded goes on to the store, which reports it.
         """
         from ..trust.redaction import redact_record_line
 
-        encoded = orjson.dumps(line)
+        if encoded is None:
+            return line, None
         redacted = redact_record_line(encoded)  # each secret becomes a marker naming its rule
         if redacted is encoded:
-            return line, len(encoded) + 1
+            return line, encoded
         self.health.count("records_redacted")
         parsed: dict[str, Any] = orjson.loads(redacted)
-        return parsed, len(redacted) + 1
+        return parsed, redacted
 
     def _build_line_here(
         self, exchange: Exchange, dialect: Dialect, tracker: StreamTracker | None, body_length: int
@@ -141,19 +148,24 @@ class RecordCommitter:
             return None
         limit = self.max_decoded_body_bytes
         inline_limit = limit if limit < _OFFLOAD_BYTES else _OFFLOAD_BYTES
-        line = raw_line_from_exchange(exchange, dialect=dialect, tracker=tracker, max_decoded_bytes=inline_limit)
+        line = raw_line_from_exchange(
+            exchange, dialect=dialect, tracker=tracker, max_decoded_bytes=inline_limit, check_depth=False
+        )
         gap = line.get("response_decoding")
         if gap is not None and inline_limit < limit and gap["reason"] == "decoded_size_limit":
             return None  # a small compressed body that decodes past a MiB: decoded again, in full, off the loop
         return line
 
     async def _build_line_off_loop(
-        self, exchange: Exchange, dialect: Dialect, tracker: StreamTracker | None
+        self, exchange: Exchange, dialect: Dialect, tracker: StreamTracker | None, *, check_depth: bool = False
     ) -> dict[str, Any]:
-        """Build the record on a record-builder thread (large bodies, or a compressed one that grows)."""
+        """Build the record on a record-builder thread (large bodies, a compressed one that grows,
+        or a line whose encode failed, built again with its bodies' depth checked)."""
         limit = self.max_decoded_body_bytes
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             _record_builders(),
-            lambda: raw_line_from_exchange(exchange, dialect=dialect, tracker=tracker, max_decoded_bytes=limit),
+            lambda: raw_line_from_exchange(
+                exchange, dialect=dialect, tracker=tracker, max_decoded_bytes=limit, check_depth=check_depth
+            ),
         )

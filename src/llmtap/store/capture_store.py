@@ -220,7 +220,9 @@ class CaptureStore(AppendPath, CaptureReads):
         self._enqueue(rollout_id, entry)
         return entry.wait()
 
-    async def append_async(self, rollout_id: str, record: Mapping[str, Any], *, alone: bool = False) -> AppendResult:
+    async def append_async(
+        self, rollout_id: str, record: Mapping[str, Any], *, alone: bool = False, encoded: bytes | None = None
+    ) -> AppendResult:
         """Append `record` and await its durability without blocking the event loop.
 
         The record is encoded here. At the end of the loop's current turn, the lines each rollout
@@ -234,13 +236,18 @@ class CaptureStore(AppendPath, CaptureReads):
         progress): with no turn's lines to share a write with, the line is written at once, and
         while the disk's syncs are fast the loop fdatasyncs the file itself, sparing the two
         wake-ups of a hand-off.
+
+        `encoded` is the record already encoded, newline included (`records.encode_line`, which
+        a capture point has run anyway to check the line's depth): written as given, not encoded
+        again. It must be the encoding of `record`.
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[AppendResult] = loop.create_future()
         rollout_id = validate_rollout_id(rollout_id)
         if self._dir_fd < 0:
             self._refuse_missing_directory(rollout_id)
-        entry = PendingAppend(self._encode(rollout_id, record), _started_at(record), future)
+        data = self._encode(rollout_id, record) if encoded is None else encoded
+        entry = PendingAppend(data, _started_at(record), future)
         with self._turn_lines_lock:
             if self._closing:
                 self._enqueue(rollout_id, entry)  # raises the closed store's error
