@@ -15,6 +15,7 @@ Each figure is (count at N2 calls - count at N1 calls) / (N2 - N1): start-up and
 
     .venv/bin/python bench/capture_instructions.py
     .venv/bin/python bench/capture_instructions.py --fixtures chat/text-basic-gpt4o --calls 128 640
+    .venv/bin/python bench/capture_instructions.py --fixtures synthetic/long-rollout-chat   # a 32 KB request
     LLMTAP_BENCH_SERVE_METRICS=1 .venv/bin/python bench/capture_instructions.py ...   # with serve's metrics
 """
 
@@ -42,11 +43,39 @@ FIXTURES = (
     "messages/text-stream-claude3-haiku",
     "responses/function-call-stream-gpt55",
 )
+LONG_ROLLOUT = "synthetic/long-rollout-chat"  # not a recording: see `LongRollout`
 CONCURRENCY = 32
 COLLECTED = re.compile(r"Collected : (\d+)")
 
 
-def replaying_app(recorded: RecordedExchange):  # type: ignore[no-untyped-def]
+class LongRollout:
+    """An RL agent's late call: a chat request of 181 messages (60 tool-call turns, 32 KB)
+    answered by `chat/text-basic-gpt4o`'s response. What capture costs grows with the request, and
+    no recorded fixture has a long one; the same shape as a recorded exchange, for `drive`."""
+
+    request_path = "/v1/chat/completions"
+
+    def __init__(self) -> None:
+        answer = fixture("chat/text-basic-gpt4o")
+        self.status, self.content_type, self.body_bytes, self.is_stream = 200, answer.content_type, answer.body_bytes, False
+        messages: list[dict[str, object]] = [{"role": "system", "content": "You are a helpful assistant. " * 20}]
+        for turn in range(60):
+            question = f"Question {turn}: what is the weather in city number {turn}? Please answer with detail." * 3
+            call = {"id": f"call_{turn}", "type": "function",
+                    "function": {"name": "get_weather", "arguments": f'{{"city": "c{turn}", "unit": "C"}}'}}
+            messages += [
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": f"call_{turn}", "content": '{"temp": 21, "sky": "clear"}'},
+            ]
+        self.request_json = {"model": "gpt-4o", "messages": messages}
+
+
+def exchange_for(name: str) -> RecordedExchange | LongRollout:
+    return LongRollout() if name == LONG_ROLLOUT else fixture(name)
+
+
+def replaying_app(recorded: RecordedExchange | LongRollout):  # type: ignore[no-untyped-def]
     """A model server answering every call with `recorded`, chunked as the proxy forwards it."""
     body = recorded.body_bytes
     chunks = [event + b"\n\n" for event in body.split(b"\n\n") if event] if recorded.is_stream else [body]
@@ -71,7 +100,7 @@ async def drive(name: str, capture: bool, calls: int) -> None:
     from llmtap.server.middleware import CaptureMiddleware
     from llmtap.store import CaptureStore
 
-    recorded = fixture(name)
+    recorded = exchange_for(name)
     request = orjson.dumps(recorded.request_json)
     directory = tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
     store = CaptureStore(directory) if capture else None
@@ -153,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind); it does the counting.")
     for name in args.fixtures:
-        fixture(name)  # a wrong name fails here, before any slow run
+        exchange_for(name)  # a wrong name fails here, before any slow run
     print(f"instructions per call, capture off and on ({CONCURRENCY} in flight, N = {low} and {high}, "
           f"{gc_mode} collector); Python {sys.version.split()[0]}")
     print(f"{'fixture':40} {'off':>10} {'on':>10} {'capture':>10}")
