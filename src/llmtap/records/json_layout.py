@@ -12,9 +12,9 @@ matches: orjson's compact form (Anthropic, vLLM, llama.cpp), two-space indented 
 API), Python's `json.dumps` with ASCII escapes or without, indented, compact or with its default
 separators, and Go's four-space form with its HTML-safe escapes (OpenAI's error bodies), each
 with or without a final newline. A body none of them gives back (another server's own spacing
-or float forms) is sent compactly, the same JSON value in the same key
-order, and the replay says so (`exact` is False). Lines without the check (older ones, another
-tool's) are sent compactly too. The line is untrusted input: a forged check can only pick among
+or float forms) is sent compactly, the same JSON value in the same key order, and the replay
+says so (`exact` is False). Lines without the check (older ones, another tool's) are sent
+compactly too. The line is untrusted input: a forged check can only pick among
 encodings of the line's own object.
 """
 
