@@ -12,8 +12,6 @@ redaction, the proof and `llmtap verify` treat those calls like any others.
 from __future__ import annotations
 
 import os
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,38 +33,21 @@ def report_into_capsule(
 
     A failure inside `produce` still finalises the capsule, as `failure`, and is raised again.
     """
-    from ..capsule.finalise import CaptureOutcome, finalise_capsule
-    from ..capsule.manifest import start_manifest
-    from ..capsule.writer import create_capsule
-    from ..store import CaptureStore
+    from ..capsule.finalise import CaptureOutcome
+    from ..capsule.store_capsule import store_capsule
 
     source = Path(recording).resolve()
-    started, started_mono = time.time(), time.perf_counter()
-    paths = create_capsule(runs_dir, with_outputs=False)
-    manifest = start_manifest(
-        paths,
-        capture_mode=f"replay-{mode}",
-        command=list(sys.argv),
-        cwd=os.getcwd(),
-        started_at=started,
-        registry_source=None,
-    )
-    manifest.update({"replay_of": str(source), "replay_mode": mode})
-    store = CaptureStore(paths.calls, refuse_links=True)
-    outcome = CaptureOutcome("success", exit_code=0)
-    report: dict[str, Any] = {"mode": mode, "replay_of": str(source), "ok": False}
-    try:
-        report = produce(store)
-        if not report.get("ok", False):
-            outcome = CaptureOutcome("failure", exit_code=1)
-    except BaseException as exc:
-        outcome = CaptureOutcome("failure", exit_code=1, error={"type": type(exc).__name__})
-        report = {**report, "error": type(exc).__name__}
-        raise
-    finally:
-        store.close()
-        report["capsule"] = str(paths.root)
-        write_report(paths.root, report)
-        outcome.duration_ms = round((time.perf_counter() - started_mono) * 1000.0, 3)
-        finalise_capsule(paths, manifest, outcome)
-    return paths.root, report
+    fields = {"replay_of": str(source), "replay_mode": mode}
+    with store_capsule(f"replay-{mode}", runs_dir=runs_dir, manifest_fields=fields) as capsule:
+        report: dict[str, Any] = {"mode": mode, "replay_of": str(source), "ok": False}
+        try:
+            report = produce(capsule.store)
+            if not report.get("ok", False):
+                capsule.outcome = CaptureOutcome("failure", exit_code=1)
+        except BaseException as exc:
+            report = {**report, "error": type(exc).__name__}
+            raise
+        finally:
+            report["capsule"] = str(capsule.paths.root)
+            write_report(capsule.paths.root, report)
+    return capsule.paths.root, report

@@ -9,15 +9,10 @@ when the server stops (Ctrl-C or SIGTERM end a server normally, so the status is
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from ..capsule.finalise import CaptureOutcome, finalise_capsule
-from ..capsule.manifest import start_manifest
-from ..capsule.writer import CapsulePaths, create_capsule
 from ..correlation.ids import ROLLOUT_PREFIX, validate_rollout_id
 from .asgi import ASGIApp, Receive, Scope, Send
 
@@ -44,33 +39,20 @@ def serve_into_capsule(config: Any, *, runs_dir: Path | None = None) -> Path:
     """Serve `config` (a ServeConfig) until stopped, capturing into a new capsule; returns its path."""
     import uvicorn
 
-    from ..store import CaptureStore
+    from ..capsule.store_capsule import store_capsule
     from .proxy import build_app
     from .run import prepare_server_process, uvicorn_config
 
     prepare_server_process()
-    started, started_mono = time.time(), time.perf_counter()
-    paths: CapsulePaths = create_capsule(runs_dir, with_outputs=False)
-    manifest = start_manifest(
-        paths, capture_mode="serve", command=list(sys.argv), cwd=os.getcwd(), started_at=started, registry_source=None
-    )
-    store = CaptureStore(paths.calls, refuse_links=True)
-    app = DefaultRolloutPrefix(build_app(config, store=store))
-    print(
-        f"llmtap serve on http://{config.host}:{config.port}  capturing into run capsule {paths.root}",
-        file=sys.stderr,
-        flush=True,
-    )
-    outcome = CaptureOutcome("success", exit_code=0)
-    try:
-        uvicorn.Server(uvicorn_config(config, app)).run()
-    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: the normal way to stop
-        pass
-    except BaseException as exc:
-        outcome = CaptureOutcome("failure", exit_code=1, error={"type": type(exc).__name__})
-        raise
-    finally:
-        store.close()
-        outcome.duration_ms = round((time.perf_counter() - started_mono) * 1000.0, 3)
-        finalise_capsule(paths, manifest, outcome)
-    return paths.root
+    with store_capsule("serve", runs_dir=runs_dir) as capsule:
+        app = DefaultRolloutPrefix(build_app(config, store=capsule.store))
+        print(
+            f"llmtap serve on http://{config.host}:{config.port}  capturing into run capsule {capsule.paths.root}",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            uvicorn.Server(uvicorn_config(config, app)).run()
+        except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: the normal way to stop
+            pass
+    return capsule.paths.root
