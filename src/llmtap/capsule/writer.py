@@ -41,6 +41,8 @@ __all__ = [
     "directory_identity",
     "hold_runner_lock",
     "is_real_directory",
+    "FileTooLargeError",
+    "NotRegularFileError",
     "read_regular_file",
     "sync_files",
     "write_file_atomic",
@@ -256,15 +258,42 @@ def hold_runner_lock(lock_path: str) -> int:
     return fd
 
 
-def read_regular_file(path: Path) -> bytes:
-    """Read `path` without following a link or blocking on a FIFO; OSError if it is not a regular file."""
+class NotRegularFileError(OSError):
+    """Raised by `read_regular_file` for a directory, FIFO, socket or device."""
+
+
+class FileTooLargeError(OSError):
+    """Raised by `read_regular_file` for a file over its `limit`, before anything is read."""
+
+    def __init__(self, path: str | os.PathLike[str], size: int, limit: int) -> None:
+        super().__init__(f"'{os.fspath(path)}' is {size} bytes, over the {limit} allowed")
+        self.size = size
+        self.limit = limit
+
+
+def read_regular_file(path: str | os.PathLike[str], *, limit: int | None = None) -> bytes:
+    """Read `path` without following a link or blocking on a FIFO.
+
+    Raises OSError when it cannot be opened (a link among them), NotRegularFileError when it is
+    not a regular file, and, given `limit`, FileTooLargeError when it holds more bytes than that
+    (a file that grows while it is read is cut at `limit`).
+    """
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"'{path}' is not a regular file")
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegularFileError(f"'{os.fspath(path)}' is not a regular file")
+        if limit is not None and info.st_size > limit:
+            raise FileTooLargeError(path, info.st_size, limit)
         chunks = []
-        while chunk := os.read(fd, 1 << 20):
+        left = limit
+        while left is None or left > 0:
+            chunk = os.read(fd, 1 << 20 if left is None else min(left, 1 << 20))
+            if not chunk:
+                break
             chunks.append(chunk)
+            if left is not None:
+                left -= len(chunk)
         return b"".join(chunks)
     finally:
         os.close(fd)

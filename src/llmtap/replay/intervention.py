@@ -21,8 +21,6 @@ live model, which is the experiment.
 
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
@@ -55,24 +53,20 @@ Override = Union[ResponseOverride, ToolResultOverride]
 
 
 def _read_bounded(path: Path) -> bytes:
+    from ..capsule.writer import FileTooLargeError, NotRegularFileError, read_regular_file
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        return read_regular_file(path, limit=MAX_OVERRIDE_BYTES)
+    except FileTooLargeError as exc:
+        raise InterventionError(
+            f"Could not read the intervention file '{path}': {exc.size} bytes is over {MAX_OVERRIDE_BYTES}."
+        ) from exc
+    except NotRegularFileError as exc:
+        raise InterventionError(f"Could not read the intervention file '{path}': it is not a regular file.") from exc
     except OSError as exc:
         raise InterventionError(
             f"Could not open the intervention file '{path}' ({exc.strerror}); pass a regular JSON file, not a link."
         ) from exc
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise InterventionError(f"Could not read the intervention file '{path}': it is not a regular file.")
-        if info.st_size > MAX_OVERRIDE_BYTES:
-            raise InterventionError(
-                f"Could not read the intervention file '{path}': {info.st_size} bytes is over {MAX_OVERRIDE_BYTES}."
-            )
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read(MAX_OVERRIDE_BYTES + 1)
-    finally:
-        os.close(fd)
 
 
 def _tool_override(path: Path, value: dict[str, Any]) -> ToolResultOverride:
