@@ -103,12 +103,15 @@ def canonical_arguments(value: Any) -> str:
     return canonical_json(value)
 
 
+def _part_payload(payload: Any) -> str:
+    """A content part's payload as hashed: a text part's text, any other block's canonical JSON
+    (a "text" block without a string text among them)."""
+    return payload if type(payload) is str else canonical_json(payload)
+
+
 def read_item(item: Mapping[str, Any]) -> ItemContent:
     """Read one item's content parts and tool calls as the hash sees them; raises UnreadableContent."""
-    parts = tuple(
-        (part_type, payload if part_type == "text" and isinstance(payload, str) else canonical_json(payload))
-        for part_type, payload in content_parts(item.get("content"))
-    )
+    parts = tuple((part_type, _part_payload(payload)) for part_type, payload in content_parts(item.get("content")))
     calls = tuple((call_id, name, canonical_arguments(arguments)) for call_id, name, arguments in tool_calls(item))
     return ItemContent(parts, calls)
 
@@ -131,9 +134,7 @@ def _item_fields(item: dict[str, Any]) -> bytes:
     fields: list[bytes] = []
     for part_type, payload in content_parts(item.get("content")):
         fields.append(_field(_PART_TYPE, part_type))
-        # A "text" block without a string text is not a text part: its canonical JSON is the payload.
-        text = payload if type(payload) is str else canonical_json(payload)
-        fields.append(_field(_PART_PAYLOAD, text))
+        fields.append(_field(_PART_PAYLOAD, _part_payload(payload)))
     for call_id, name, arguments in tool_calls(item):
         fields.append(_field(_CALL_ID, call_id))
         fields.append(_field(_CALL_NAME, name))
