@@ -14,7 +14,6 @@ finalisation run again after an interrupted one appends only the lines not alrea
 
 from __future__ import annotations
 
-import fcntl
 import os
 
 from .frame import KIND_NETWORK, KIND_TOOL_CALL
@@ -73,27 +72,15 @@ class EventStreams:
         if not pending:
             return
         from ..capsule.writer import is_real_directory
-        from ..store.durable import append_whole, open_for_append, sync_data, sync_directory
+        from ..store.durable import append_lines_durably
 
         if not is_real_directory(self.paths.root):
             raise OSError(f"'{self.paths.root}' is no longer a directory of the capsule")
         dir_fd = os.open(self.paths.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             for name, lines in pending.items():
-                fd = open_for_append(name, dir_fd=dir_fd)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                    size = os.fstat(fd).st_size
-                    payload = b"".join(lines)
-                    if size == 0:
-                        sync_directory(dir_fd)
-                    elif os.pread(fd, 1, size - 1) != b"\n":
-                        payload = b"\n" + payload
-                    append_whole(fd, payload, size)
-                    sync_data(fd)
-                    self.appended[name] = self.appended.get(name, 0) + len(lines)
-                finally:
-                    os.close(fd)
+                append_lines_durably(name, dir_fd, lines, lock_file=True)
+                self.appended[name] = self.appended.get(name, 0) + len(lines)
         finally:
             os.close(dir_fd)
 

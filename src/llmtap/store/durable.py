@@ -14,6 +14,7 @@ with no second name when it is opened for append (a hard link could name a file 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import time
@@ -177,14 +178,18 @@ def open_for_append(name: str, *, dir_fd: int | None = None, open_file: OpenFile
         return open_regular(name, flags, dir_fd=dir_fd, single_link=True, open_file=open_file)
 
 
-def append_lines_durably(name: str, dir_fd: int, lines: list[bytes]) -> None:
-    """Append whole lines to `name` in the directory `dir_fd` with one write and sync them; the caller holds the lock.
+def append_lines_durably(name: str, dir_fd: int, lines: list[bytes], *, lock_file: bool = False) -> None:
+    """Append whole lines to `name` in the directory `dir_fd` with one write and sync them.
 
-    An unterminated last segment (a crashed writer's partial line) is ended with a newline first,
-    so it becomes one damaged line and the new lines stay intact.
+    The caller holds the lock, or with `lock_file` the file itself is locked (`flock`) while
+    the lines go in, for writers that share no lock file. An unterminated last segment (a crashed
+    writer's partial line) is ended with a newline first, so it becomes one damaged line and the
+    new lines stay intact.
     """
     fd = open_for_append(name, dir_fd=dir_fd)
     try:
+        if lock_file:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released when the descriptor is closed
         payload = b"".join(lines)
         size = os.fstat(fd).st_size
         if size == 0:
