@@ -170,22 +170,16 @@ def _require_directory(path: Path) -> None:
 
 
 def _read_state_bytes(path: Path) -> bytes | None:
+    from ..capsule.writer import FileTooLargeError, NotRegularFileError, read_regular_file
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        return read_regular_file(path, limit=MAX_STATE_BYTES)
     except FileNotFoundError:
         return None
+    except (NotRegularFileError, FileTooLargeError) as exc:
+        raise ExportError(f"The export state '{path}' is not a regular file under 1 GiB; remove it to start over.") from exc
     except OSError as exc:
         raise ExportError(f"Could not read the export state '{path}' ({exc.strerror}); is it a link?") from exc
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_STATE_BYTES:
-            raise ExportError(f"The export state '{path}' is not a regular file under 1 GiB; remove it to start over.")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def _parse_state(path: Path, data: bytes) -> ExportState:
