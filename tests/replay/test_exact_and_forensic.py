@@ -118,3 +118,19 @@ def test_an_exact_replay_whose_key_is_missing_makes_no_capsule(recording: Path, 
                           "--api-key-env", "LLMTAP_TEST_NO_SUCH_KEY", "--capsule-dir", str(runs)])
     assert result.exit_code == 2 and "LLMTAP_TEST_NO_SUCH_KEY" in result.output
     assert not runs.exists() or list(runs.iterdir()) == []
+
+
+def test_an_exact_replays_capsule_never_holds_the_api_key_it_sent(
+    recording: Path, replay_upstream: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    key = "sk-exact-replay-key-never-written-0123456789"
+    monkeypatch.setenv("LLMTAP_TEST_EXACT_KEY", key)
+    runs = tmp_path / "runs"
+    result = _run_cli(["replay", str(recording), "--mode", "exact", "--endpoint", replay_upstream.base_url,
+                       "--api-key-env", "LLMTAP_TEST_EXACT_KEY", "--capsule-dir", str(runs), "--json"])
+    assert result.exit_code == 1 and json.loads(result.output)["reproduced"] == 1
+    assert replay_upstream.received[0].headers["authorization"] == f"Bearer {key}"  # sent to the endpoint named
+    [capsule] = list(runs.iterdir())
+    for path in capsule.rglob("*"):
+        if path.is_file():
+            assert key.encode() not in path.read_bytes(), path
